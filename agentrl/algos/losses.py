@@ -1,0 +1,121 @@
+"""Policy-loss terms (DESIGN §4) as pure torch functions over [B, T] token tensors.
+
+Aggregation is token-level over a GLOBAL token count: ``loss = sum(loss_tok * mask) / N`` with N
+the number of policy tokens in the whole optimizer step (all micro-batches, all ranks). Summing
+the losses of micro-batches then gives exactly the full-batch loss, so gradient accumulation and
+data parallelism do not change the objective (a per-micro-batch mean would weight tokens of short
+micro-batches more).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+# exp() of a log-ratio beyond this is treated as this (keeps ratios finite; gradient is cut there).
+_LOG_RATIO_CLAMP = 20.0
+
+
+def aggregate_tokens(values: Tensor, mask: Tensor, n_tokens_global: float | Tensor | None = None) -> Tensor:
+    """sum(values over mask) / n_tokens_global (default: mask.sum(), at least 1).
+
+    Masked-out positions are excluded with ``where`` (not multiplied), so NaN/inf there cannot
+    leak into the loss or its gradient."""
+    m = mask.bool()
+    total = torch.where(m, values, torch.zeros_like(values)).sum()
+    n = m.sum().clamp(min=1) if n_tokens_global is None else n_tokens_global
+    return total / n
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    return aggregate_tokens(values.detach().float(), mask, None)
+
+
+def ppo_clip_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    dual_clip: float | None = None,
+    is_weights: Tensor | None = None,
+    n_tokens_global: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Token-level PPO-clip with asymmetric clip range (DAPO "clip-higher").
+
+    ratio_t = exp(logprobs_t - old_logprobs_t)
+    l_t     = -min(ratio_t * A_t, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A_t)
+    dual clip (Ye et al. 2020, c = dual_clip > 1): for A_t < 0, l_t = min(l_t, -c * A_t), bounding
+              the loss when a very unlikely-under-old token became likely
+    l_t    *= w_t  with w_t = is_weights (truncated IS weights, treated as constants)
+    loss    = sum_t mask_t * l_t / n_tokens_global
+
+    ``advantages`` is [B, T] or [B] (broadcast over tokens). Stats (detached, means over this
+    call's masked tokens): ``clip_frac`` (tokens where the clipped branch is active),
+    ``dual_clip_frac``, ``approx_kl`` (k3 estimate of KL(pi_old || pi)), ``ratio_mean``,
+    ``n_tokens``.
+    """
+    m = mask.bool()
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand_as(logprobs)
+    advantages = advantages.detach()
+    # Zero the log-ratio off-mask before exp: padding logprobs may be garbage.
+    log_ratio = torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
+    log_ratio = log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    surr1 = ratio * advantages
+    surr2 = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
+    loss_tok = -torch.minimum(surr1, surr2)
+    dual_active = torch.zeros_like(m)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        bound = -dual_clip * advantages
+        dual_active = (advantages < 0) & (loss_tok > bound)
+        loss_tok = torch.where(dual_active, bound, loss_tok)
+    if is_weights is not None:
+        w = torch.where(m, is_weights.detach(), torch.zeros_like(is_weights))
+        loss_tok = loss_tok * w
+    loss = aggregate_tokens(loss_tok, m, n_tokens_global)
+
+    with torch.no_grad():
+        clipped = ((ratio < 1.0 - clip_low) & (advantages < 0)) | ((ratio > 1.0 + clip_high) & (advantages > 0))
+        stats = {
+            "clip_frac": _masked_mean(clipped.float(), m),
+            "dual_clip_frac": _masked_mean(dual_active.float(), m),
+            "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, m),
+            "ratio_mean": _masked_mean(ratio, m),
+            "n_tokens": m.sum().float(),
+        }
+    return loss, stats
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:
+    """Per-token KL(pi || pi_ref) estimate from samples of pi (Schulman's estimators).
+
+    k1 = lp - ref                       (unbiased, high variance, can be negative)
+    k2 = 0.5 * (lp - ref)^2
+    k3 = exp(ref - lp) - (ref - lp) - 1 (unbiased, >= 0, low variance; GRPO's choice)
+
+    Aggregate with ``aggregate_tokens`` and the same n_tokens_global as the policy loss.
+    """
+    ref_logprobs = ref_logprobs.detach()
+    if kind == "k1":
+        return logprobs - ref_logprobs
+    if kind == "k2":
+        return 0.5 * (logprobs - ref_logprobs) ** 2
+    if kind in ("k3", "low_var_kl"):
+        d = (ref_logprobs - logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+        return torch.exp(d) - d - 1.0
+    raise ValueError(f"unknown KL estimator {kind!r}; known: k1, k2, k3")
+
+
+def truncated_is_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: float) -> Tensor:
+    """w_t = min(pi_old / pi_rollout, cap) = min(exp(old - rollout), cap), detached.
+
+    Corrects for the gap between the inference engine's sampling distribution (vLLM kernels,
+    possibly a stale policy version) and the learner's pi_old; the cap bounds the variance
+    (truncated IS, as in TIS / IMPALA)."""
+    with torch.no_grad():
+        return torch.exp(old_logprobs - rollout_logprobs).clamp(max=cap)

@@ -1,0 +1,118 @@
+"""ExecutableBackend: runs tool calls against real Python domain objects.
+
+The agent loop must be able to feed it anything a model emits — misspelled tools, strings where
+integers belong, extra arguments — and always get an observation back. So ``execute`` never
+raises: every failure becomes ``{"error": message}``, with a message that tells the model what to
+fix. Arguments are validated against the same schema the model was shown (derived from the
+method), so "what the prompt promised" and "what the backend accepts" cannot disagree.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jsonschema
+
+from agentrl.envs.builtin import BUILTIN_CLASSES, Domain, ToolError
+from agentrl.envs.toolspec import function_spec
+from agentrl.tasks.schema import Task, ToolCall
+
+
+@functools.lru_cache(maxsize=None)
+def _tool_entry(cls: type, name: str) -> tuple[jsonschema.protocols.Validator, frozenset[str], frozenset[str]]:
+    """(validator, known parameter names, integer parameter names) for one method; cached
+    because building validators dominates the cost of a call otherwise."""
+    params = function_spec(getattr(cls, name), name).function.parameters
+    validator = jsonschema.Draft202012Validator(params)
+    props = params.get("properties", {})
+    ints = frozenset(k for k, v in props.items() if v.get("type") == "integer")
+    return validator, frozenset(props), ints
+
+
+def _error_message(err: jsonschema.ValidationError) -> str:
+    where = ".".join(str(p) for p in err.absolute_path)
+    return f"{where}: {err.message}" if where else err.message
+
+
+class ExecutableBackend:
+    """One episode's session over several domain instances (``{ClassName: instance}``).
+
+    ``initial_state`` is ``{ClassName: class_state}``; the classes used are those keys plus the
+    owners of the task's tools (a domain may start empty). Only the task's tools are callable:
+    a tool of the suite the task did not offer is as unknown to the model as a made-up one.
+    Hiding withheld tools per turn is the agent loop's job, not the backend's.
+    """
+
+    def __init__(self, task: Task, classes: Mapping[str, type[Domain]] | None = None) -> None:
+        self._init(task.initial_state, [t.name for t in task.tools], classes or BUILTIN_CLASSES)
+
+    @classmethod
+    def for_classes(
+        cls,
+        initial_state: Mapping[str, Any],
+        class_names: Iterable[str] = (),
+        classes: Mapping[str, type[Domain]] | None = None,
+    ) -> "ExecutableBackend":
+        """A session exposing every tool of the named classes (used by the task generator,
+        which has no Task yet)."""
+        classes = classes or BUILTIN_CLASSES
+        names = list(dict.fromkeys([*initial_state, *class_names]))
+        for n in names:
+            if n not in classes:
+                raise ValueError(f"unknown domain class {n!r}; known: {sorted(classes)}")
+        tools = [t for n in names for t in classes[n].tool_names()]
+        self = cls.__new__(cls)
+        self._init(dict(initial_state), tools, classes)
+        return self
+
+    def _init(self, initial_state: Mapping[str, Any], tools: list[str], classes: Mapping[str, type[Domain]]) -> None:
+        owners = {t: cname for cname, c in classes.items() for t in c.tool_names()}
+        for cname in initial_state:
+            if cname not in classes:
+                raise ValueError(f"initial_state names unknown domain class {cname!r}; known: {sorted(classes)}")
+        missing = [t for t in tools if t not in owners]
+        if missing:
+            raise ValueError(f"no domain class provides tools {missing}")
+        used = list(dict.fromkeys([*initial_state, *(owners[t] for t in tools)]))
+        self.instances: dict[str, Domain] = {
+            cname: classes[cname](copy.deepcopy(initial_state.get(cname) or {})) for cname in used
+        }
+        self._tools = {t: self.instances[owners[t]] for t in tools}
+
+    @property
+    def tool_names(self) -> list[str]:
+        return list(self._tools)
+
+    def execute(self, call: ToolCall) -> Any:
+        """Run one call; failures (unknown tool, bad arguments, domain errors) are observations."""
+        instance = self._tools.get(call.name)
+        if instance is None:
+            return {"error": f"unknown tool {call.name!r}"}
+        validator, known, ints = _tool_entry(type(instance), call.name)
+        args = dict(call.arguments)
+        extra = sorted(set(args) - known)
+        if extra:
+            return {"error": f"invalid arguments for {call.name}: unexpected argument {extra[0]!r}"}
+        errors = sorted(validator.iter_errors(args), key=lambda e: (list(e.absolute_path), e.message))
+        if errors:
+            return {"error": f"invalid arguments for {call.name}: {_error_message(errors[0])}"}
+        for k in ints & set(args):  # JSON Schema accepts 3.0 as an integer; the domain should not see a float
+            if isinstance(args[k], float):
+                args[k] = int(args[k])
+        try:
+            result = getattr(instance, call.name)(**args)
+        except ToolError as exc:
+            return {"error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
+            return {"error": f"{call.name} failed: {type(exc).__name__}: {exc}"}
+        try:  # detach from live state and guarantee the observation is JSON
+            return json.loads(json.dumps(result))
+        except (TypeError, ValueError) as exc:
+            return {"error": f"{call.name} returned a non-JSON result: {exc}"}
+
+    def state(self) -> dict[str, Any]:
+        return {cname: inst.snapshot() for cname, inst in self.instances.items()}

@@ -1,0 +1,103 @@
+"""The Task data contract (DESIGN.md §2): one training sample, validated on load.
+
+A task is a multi-turn conversation script: the user turns the agent will see, the tools it may
+call, the backend that executes them from ``initial_state``, and per turn the gold plan (a list of
+steps; a step is a list of calls that may run in parallel).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Category = Literal["base", "miss_func", "miss_param", "long_context"]
+
+
+class ToolCall(BaseModel):
+    """One function call: ``{"name": ..., "arguments": {...}}`` (Hermes / OpenAI style)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    # Optional JSON Schema of the result (used by the LLM simulator to constrain its output).
+    returns: dict[str, Any] | None = None
+
+
+class ToolSpec(BaseModel):
+    """An OpenAI function-tool schema."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+    @property
+    def name(self) -> str:
+        return self.function.name
+
+
+class Turn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user: str
+    # Gold plan: steps in order; the calls inside one step are independent (may be parallel).
+    # An empty plan means the right behaviour is to ask or refuse without changing state.
+    gold: list[list[ToolCall]] = Field(default_factory=list)
+    # Tools hidden from the agent during this turn (miss_func). A tool withheld in turn k is
+    # withheld in every earlier turn too; it becomes visible from the first turn not listing it.
+    withheld_tools: list[str] = Field(default_factory=list)
+    # Values the final answer of this turn should state (used by summary scoring).
+    answer_facts: list[str] = Field(default_factory=list)
+
+
+class Provenance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["seed", "synth"] = "seed"
+    parent_id: str | None = None
+    created_step: int | None = None
+    synthesizer: str | None = None
+
+
+class Task(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    domain: str
+    category: Category = "base"
+    tools: list[ToolSpec]
+    backend: str
+    initial_state: dict[str, Any] = Field(default_factory=dict)
+    turns: list[Turn] = Field(min_length=1)
+    provenance: Provenance = Field(default_factory=Provenance)
+
+    @model_validator(mode="after")
+    def _check_references(self) -> "Task":
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate tool names in tools: {sorted(names)}")
+        known = set(names)
+        for i, turn in enumerate(self.turns):
+            for w in turn.withheld_tools:
+                if w not in known:
+                    raise ValueError(f"turns[{i}].withheld_tools names unknown tool {w!r}")
+                if i > 0 and w not in self.turns[i - 1].withheld_tools:
+                    raise ValueError(
+                        f"turns[{i}].withheld_tools: {w!r} is withheld after being visible in turn {i - 1}"
+                    )
+            for s, step in enumerate(turn.gold):
+                for call in step:
+                    if call.name not in known:
+                        raise ValueError(f"turns[{i}].gold[{s}] calls unknown tool {call.name!r}")
+        return self
+
+    def visible_tools(self, turn_index: int) -> list[ToolSpec]:
+        hidden = set(self.turns[turn_index].withheld_tools)
+        return [t for t in self.tools if t.name not in hidden]
+
+    def gold_calls(self, turn_index: int) -> list[ToolCall]:
+        return [c for step in self.turns[turn_index].gold for c in step]
