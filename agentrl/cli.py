@@ -1,0 +1,126 @@
+"""``agentrl`` command line: train, make-model, tasks export.
+
+Everything heavy (torch, Ray, vLLM, DeepSpeed) is imported inside the subcommand that needs it, so
+``agentrl --help`` and a config typo answer in well under a second, and a bad config exits 2
+before any run folder, Ray cluster or model exists. The same entry point runs locally and under
+``ray job submit -- agentrl train CONFIG``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from agentrl.runtime.env import set_default_env
+
+# Before anything can import transformers/vLLM: offline hubs, caches under ./.cache, CPU DeepSpeed.
+set_default_env()
+
+EXAMPLES = """\
+examples:
+  agentrl make-model
+  agentrl train configs/quickstart.yaml
+  agentrl train configs/quickstart.yaml rollout.group_size=4 train.steps=5
+  agentrl tasks export builtin:heldout heldout.parquet
+"""
+
+
+def _fail(message: object) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _train(args: argparse.Namespace) -> int:
+    from agentrl.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        return _fail(err)
+    from agentrl.runtime.driver import train  # torch/Ray only from here on
+
+    train(config, config_path=args.config)
+    return 0
+
+
+def _make_model(args: argparse.Namespace) -> int:
+    from agentrl.config import ConfigError, load_config
+
+    out = args.out
+    if out is None:  # default: where the config (with overrides) expects the model
+        try:
+            out = load_config(args.config, args.overrides).model.path
+        except ConfigError as err:
+            return _fail(err)
+    elif args.overrides or args.config:
+        return _fail("--out and a config/overrides both set the output folder; give one")
+    from agentrl.engines.tiny_model import make_model
+
+    result = make_model(out, args.seed, args.force)
+    print(f"model: {result if result is not None else out}")
+    return 0
+
+
+def _tasks_export(args: argparse.Namespace) -> int:
+    from agentrl.tasks.io import TaskFileError, resolve_task_source, save_tasks
+
+    try:
+        tasks = list(resolve_task_source(args.source))
+        save_tasks(tasks, args.out)
+    except (TaskFileError, ValueError, OSError) as err:
+        return _fail(err)
+    print(f"wrote {len(tasks)} tasks to {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentrl", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Reinforcement learning for multi-turn tool-using LLM agents on Ray.")
+    from agentrl import __version__
+
+    parser.add_argument("--version", action="version", version=f"agentrl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("train", help="train a policy from a YAML config",
+                       description="Train from CONFIG; KEY=VALUE arguments override its values "
+                                   "(dotted keys, YAML values), e.g. train.steps=5.")
+    p.add_argument("config", metavar="CONFIG", help="YAML run config, e.g. configs/quickstart.yaml")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("make-model", help="build the tiny local agent model (no hub needed)",
+                       description="Build the tiny policy model. The output folder is --out, "
+                                   "else model.path of --config (or the defaults) after KEY=VALUE "
+                                   "overrides.")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: config model.path)")
+    p.add_argument("--config", metavar="CONFIG", help="take model.path from this config")
+    p.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
+    p.add_argument("--force", action="store_true", help="rebuild even if the folder has a model")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    p.set_defaults(func=_make_model)
+
+    p = sub.add_parser("tasks", help="task set utilities")
+    tasks = p.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
+    p = tasks.add_parser("export", help="write a task set to JSONL or Parquet",
+                         description="Validate a task set and write it; the format follows OUT's "
+                                     "suffix (.jsonl or .parquet).")
+    p.add_argument("source", metavar="SOURCE", help="builtin:train, builtin:heldout or a file")
+    p.add_argument("out", metavar="OUT", help="output file, .jsonl or .parquet")
+    p.set_defaults(func=_tasks_export)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

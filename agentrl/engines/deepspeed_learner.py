@@ -1,0 +1,329 @@
+"""The policy learner: a single-process DeepSpeed engine that runs the PPO-clip / GRPO update.
+
+Designed to live inside one Ray actor (world size 1 per learner), on CPU (gloo) or GPU (nccl).
+
+Gradient accumulation is done by us, not by DeepSpeed's micro-step counter: a step's batch is
+split into however many micro-batches it needs (batch sizes vary with group filtering), every
+micro-batch loss is already normalized by the step's *global* policy-token count (see
+``algos.losses``), and DeepSpeed is told ``gradient_accumulation_steps=1`` so it never rescales
+the loss. ``engine.set_gradient_accumulation_boundary(is_last_micro_batch)`` before each backward
+makes ZeRO 1/2 hold the gradient reduction until the last micro-batch, and the single
+``engine.step()`` after it applies exactly one optimizer update (and one LR-scheduler step).
+
+DeepSpeed only runs its backward bookkeeping (ZeRO hooks, boundary flags) for outputs of
+``engine(...)``, so the engine wraps the HF model in ``_PolicyLogprobs`` whose forward *returns
+token logprobs*; we never call the inner HF model directly for a gradient pass.
+
+The model is kept in ``eval()`` mode throughout: it only disables dropout, and a stochastic
+policy forward would make the PPO ratio (and the engine-vs-learner mismatch metric) noisy.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from agentrl.algos.losses import aggregate_tokens, kl_penalty, ppo_clip_loss, truncated_is_weights
+from agentrl.engines.hf_policy import pad_batch, token_logprobs
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _PolicyLogprobs(nn.Module):
+    """nn.Module handed to DeepSpeed: forward(input_ids, attention_mask) -> (logprobs, entropy)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        return token_logprobs(self.model, input_ids, attention_mask, with_entropy=True)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _setup_single_process_env() -> None:
+    """Rank/world env for a 1-process group; without it DeepSpeed tries MPI discovery (mpi4py).
+
+    Existing values win, so a multi-rank launcher can still set them."""
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(_free_port())
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def build_ds_config(learner_cfg: Any, dtype: str) -> dict[str, Any]:
+    """The DeepSpeed config dict (kept separate so the settings are easy to read and test)."""
+    zero: dict[str, Any] = {"stage": learner_cfg.zero_stage}
+    if learner_cfg.zero_stage == 3:
+        # We gather full weights ourselves (GatheredParameters) for sync and saving.
+        zero["stage3_gather_16bit_weights_on_model_save"] = False
+    return {
+        "train_micro_batch_size_per_gpu": learner_cfg.micro_batch_size,
+        "gradient_accumulation_steps": 1,  # we accumulate; see the module docstring
+        "gradient_clipping": float(learner_cfg.grad_clip),
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": dtype == "bfloat16"},
+        "fp16": {"enabled": dtype == "float16", "initial_scale_power": 16},
+        "steps_per_print": 1 << 30,  # silence DeepSpeed's own progress log
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedLearner:
+    """Owns the trainable policy (DeepSpeed engine), the frozen reference, and the update rule.
+
+    Public state: ``version`` (number of ``train_step`` calls so far; the policy version the
+    rollout side tags episodes with) and ``pad_id``.
+    """
+
+    def __init__(self, model_path: str, learner_cfg: Any, algo_cfg: Any, dtype: str = "float32", seed: int = 0):
+        _setup_single_process_env()
+        import deepspeed  # after the env is set: the accelerator is chosen at import
+        from deepspeed.accelerator import get_accelerator
+        from transformers import AutoModelForCausalLM
+
+        self.learner_cfg, self.algo_cfg, self.dtype = learner_cfg, algo_cfg, dtype
+        self.version = 0
+        self._deepspeed = deepspeed
+        t0 = time.perf_counter()
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
+        self.init_distributed_s = time.perf_counter() - t0
+
+        torch.manual_seed(seed)
+        # Load in fp32: DeepSpeed casts to bf16/fp16 itself and keeps fp32 master weights.
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model.eval()  # disables dropout only; see the module docstring
+        cfg = model.config
+        self.pad_id = next((v for v in (cfg.pad_token_id, cfg.eos_token_id, 0) if isinstance(v, int)), 0)
+        self.tied_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+
+        optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=learner_cfg.lr,
+            betas=tuple(learner_cfg.betas),
+            weight_decay=learner_cfg.weight_decay,
+        )
+        warmup = learner_cfg.warmup_steps
+
+        def lr_lambda(step: int) -> float:  # step = optimizer steps taken so far
+            return 1.0 if warmup <= 0 else min(1.0, (step + 1) / warmup)
+
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=_PolicyLogprobs(model),
+            optimizer=optimizer,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda),
+            config=build_ds_config(learner_cfg, dtype),
+        )
+        self.engine.eval()
+        self._reset_prestepped_optimizer_state()
+        self.device = self.engine.device
+        self.ref_model: nn.Module | None = None
+        if algo_cfg.kl_coef > 0:
+            ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=_TORCH_DTYPES[dtype])
+            self.ref_model = ref.to(self.device).eval().requires_grad_(False)
+        self.init_s = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def hf_model(self) -> nn.Module:
+        return self.engine.module.model
+
+    def _micro_batches(self, n: int, lengths: Sequence[int]) -> list[list[int]]:
+        """Index lists of ``micro_batch_size`` sequences, length-sorted to minimize padding (the
+        loss does not depend on how the step is split, thanks to global-token normalization)."""
+        order = sorted(range(n), key=lambda i: lengths[i])
+        mbs = self.learner_cfg.micro_batch_size
+        return [order[i : i + mbs] for i in range(0, n, mbs)]
+
+    # ------------------------------------------------------------------ training
+    def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
+        """One policy update (``ppo_epochs`` optimizer steps) on a batch of episodes.
+
+        ``batch`` holds python lists, one entry per sequence: ``input_ids`` (token lists),
+        ``response_mask`` (1 on policy tokens), ``advantages`` (per token, already broadcast) and
+        optionally ``rollout_logprobs`` (the engine's sampled-token logprobs, 0 off-policy tokens).
+        """
+        t0 = time.perf_counter()
+        acfg, lcfg = self.algo_cfg, self.learner_cfg
+        ids_l, resp_l, adv_l = batch["input_ids"], batch["response_mask"], batch["advantages"]
+        roll_l = batch.get("rollout_logprobs")
+        extra = [resp_l, adv_l] + ([roll_l] if roll_l is not None else [])
+        micro = []
+        for idx in self._micro_batches(len(ids_l), [len(s) for s in ids_l]):
+            t = pad_batch([ids_l[i] for i in idx], self.pad_id, *[[x[i] for i in idx] for x in extra], device=self.device)
+            roll = t[4] if roll_l is not None else None
+            micro.append({"ids": t[0], "attn": t[1], "mask": (t[2] > 0) & (t[1] > 0), "adv": t[3], "roll": roll})
+        n_tok = int(sum(int(m["mask"].sum()) for m in micro))
+        self.version += 1
+        lr = float(self.engine.get_lr()[0])
+        if n_tok == 0:  # nothing to learn from: skip the optimizer step (AdamW would still decay)
+            return {"tokens": 0.0, "skipped": 1.0, "lr": lr, "version": float(self.version)}
+
+        use_kl = self.ref_model is not None and acfg.kl_coef > 0
+        precompute_old = lcfg.ppo_epochs > 1
+        with torch.no_grad():
+            for m in micro:
+                if use_kl:
+                    m["ref"] = token_logprobs(self.ref_model, m["ids"], m["attn"])
+                if precompute_old:
+                    m["old"], m["ent"] = self.engine(m["ids"], m["attn"])
+
+        sums: dict[str, float] = {k: 0.0 for k in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl")}
+        first: dict[str, float] = {k: 0.0 for k in ("is_weight_mean", "logprob_mismatch", "entropy")}
+        grad_norms = []
+        for epoch in range(lcfg.ppo_epochs):
+            for k, m in enumerate(micro):
+                self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
+                lp, ent = self.engine(m["ids"], m["attn"])
+                old = m["old"] if precompute_old else lp.detach()
+                mask, n_mb = m["mask"], float(m["mask"].sum())
+                is_w = truncated_is_weights(old, m["roll"], acfg.tis_cap) if m["roll"] is not None else None
+                pg, st = ppo_clip_loss(
+                    lp, old, m["adv"], mask, clip_low=acfg.clip_low, clip_high=acfg.clip_high,
+                    is_weights=is_w, n_tokens_global=n_tok,
+                )
+                loss = pg
+                if use_kl:
+                    kl = aggregate_tokens(kl_penalty(lp, m["ref"], acfg.kl_estimator), mask, n_tok)
+                    loss = loss + acfg.kl_coef * kl
+                    sums["kl"] += float(kl.detach())
+                self.engine.backward(loss)
+                sums["loss"] += float(loss.detach())
+                sums["pg_loss"] += float(pg.detach())
+                sums["clip_frac"] += float(st["clip_frac"]) * n_mb / n_tok
+                sums["approx_kl"] += float(st["approx_kl"]) * n_mb / n_tok
+                if epoch == 0:
+                    with torch.no_grad():
+                        ent0 = m["ent"] if precompute_old else ent
+                        first["entropy"] += float(aggregate_tokens(ent0, mask, n_tok))
+                        if is_w is not None:
+                            first["is_weight_mean"] += float(aggregate_tokens(is_w, mask, n_tok))
+                            first["logprob_mismatch"] += float(aggregate_tokens((old - m["roll"]).abs(), mask, n_tok))
+            manual_norm = self._param_grad_norm() if self._needs_manual_grad_norm() else float("nan")
+            self.engine.step()
+            gn = self.engine.get_global_grad_norm()
+            grad_norms.append(float(gn) if gn is not None else manual_norm)
+
+        epochs = float(lcfg.ppo_epochs)
+        out = {k: v / epochs for k, v in sums.items()}
+        out.update(first)
+        if roll_l is None:
+            out.pop("is_weight_mean"), out.pop("logprob_mismatch")
+        out.update(
+            grad_norm=sum(grad_norms) / len(grad_norms),
+            lr=lr,
+            tokens=float(n_tok),
+            sequences=float(len(ids_l)),
+            version=float(self.version),
+            step_time_s=time.perf_counter() - t0,
+        )
+        return out
+
+    def _reset_prestepped_optimizer_state(self) -> None:
+        """Undo DeepSpeed's warm-up optimizer step.
+
+        Some wrappers (``FP16_UnfusedOptimizer``, used for bf16 with ZeRO-0) call
+        ``optimizer.step()`` once with zero gradients at construction to allocate Adam state.
+        That leaves Adam's step counter at 1 with empty moments, so the bias correction of the
+        first real update is wrong (it came out 0.74x the intended size in our test). Torch
+        optimizers re-create state lazily, so clearing it restores exact AdamW semantics."""
+        opt = getattr(self.engine, "basic_optimizer", None)
+        state = getattr(opt, "state", None)
+        if not state:
+            return
+        steps = [s.get("step") for s in state.values() if isinstance(s, dict)]
+        if any(st is not None and float(st) > 0 for st in steps):
+            state.clear()
+
+    def _needs_manual_grad_norm(self) -> bool:
+        """ZeRO-0 in fp32 clips with a helper whose norm DeepSpeed discards; compute it ourselves."""
+        return self.learner_cfg.zero_stage == 0 and self.dtype == "float32"
+
+    def _param_grad_norm(self) -> float:
+        grads = [p.grad.detach().float() for p in self.engine.module.parameters() if p.grad is not None]
+        if not grads:
+            return 0.0
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+    # ------------------------------------------------------------------ inference-side helpers
+    @torch.no_grad()
+    def compute_logprobs(self, input_ids: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Current-policy token logprobs (same alignment as ``token_logprobs``), one list per
+        sequence. Used to verify weight sync against the inference engine."""
+        out: list[list[float]] = [[] for _ in input_ids]
+        for idx in self._micro_batches(len(input_ids), [len(s) for s in input_ids]):
+            ids, attn = pad_batch([input_ids[i] for i in idx], self.pad_id, device=self.device)
+            lp, _ = self.engine(ids, attn)
+            for row, i in enumerate(idx):
+                out[i] = lp[row, : len(input_ids[i])].float().cpu().tolist()
+        return out
+
+    @torch.no_grad()
+    def state_dict_for_inference(self) -> dict[str, Tensor]:
+        """Full (unpartitioned) weights on CPU in the training dtype, HF key names.
+
+        Under ZeRO-3 parameters are gathered first. ``lm_head.weight`` is dropped when embeddings
+        are tied: it is the same tensor as ``model.embed_tokens.weight`` and inference engines
+        re-tie it on load (sending it twice would double the sync payload)."""
+        model = self.hf_model
+
+        def collect() -> dict[str, Tensor]:
+            return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+
+        if self.learner_cfg.zero_stage == 3:
+            with self._deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+                sd = collect()
+        else:
+            sd = collect()
+        if self.tied_embeddings:
+            sd.pop("lm_head.weight", None)
+        return sd
+
+    def weights_blob(self) -> bytes:
+        """``state_dict_for_inference`` serialized with safetensors (tensors are independent
+        copies, so shared storage cannot trip safetensors' aliasing check)."""
+        from safetensors.torch import save
+
+        return save({k: v.clone() for k, v in self.state_dict_for_inference().items()})
+
+    def save_pretrained(self, out_dir: str | os.PathLike) -> None:
+        """HF folder (config + safetensors weights) of the current policy; the caller copies the
+        tokenizer. Weights keep the training dtype."""
+        sd = self.state_dict_for_inference()
+        model = self.hf_model
+        model.config.dtype = next(iter(sd.values())).dtype if sd else torch.float32
+        model.save_pretrained(str(out_dir), state_dict=sd)
+
+    def close(self) -> None:
+        """Release the engine (hooks, optimizer state); the process group is left alone."""
+        destroy = getattr(self.engine, "destroy", None)
+        if destroy is not None:
+            destroy()
+        self.engine = None
+        self.ref_model = None
+
+
+def blob_to_state_dict(blob: bytes) -> dict[str, Tensor]:
+    """Inverse of ``DeepSpeedLearner.weights_blob`` (for the rollout side and tests)."""
+    from safetensors.torch import load
+
+    return load(blob)
+
+
+__all__ = ["DeepSpeedLearner", "build_ds_config", "blob_to_state_dict"]

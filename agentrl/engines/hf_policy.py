@@ -1,0 +1,143 @@
+"""Torch helpers shared by the learner and tests: per-token logprobs of a HF causal LM, padding.
+
+No Ray and no DeepSpeed here, so tests and the reference model can use these directly.
+
+Alignment convention (used everywhere in agentrl): ``out[:, t]`` is the logprob of token ``t``
+given tokens ``< t``, i.e. logprobs live on the token they score, like the inference engine's
+sampled-token logprobs and the ``response_mask``. Position 0 has no context and gets 0.
+
+Memory: the [B, T, V] logits tensor is the largest activation of a small LM (vocab 150k × 1k
+tokens × 8 sequences is ~5 GB in fp32). We run the decoder once, then apply the LM head to chunks
+of positions and reduce each chunk to [B, chunk] immediately. When gradients are needed the chunk
+is wrapped in activation checkpointing, so the backward pass also never holds more than one
+chunk of logits (they are recomputed from the hidden states).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+# Upper bound on logits elements (B * chunk * V) materialized at once: 2^26 fp32 = 256 MiB.
+DEFAULT_MAX_LOGIT_ELEMENTS = 1 << 26
+
+# Config attributes that post-process logits inside forward(); models that have them are run
+# through their full forward (unchunked) so the result stays exact.
+_LOGIT_POSTPROCESS_ATTRS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
+
+
+def _split_model(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+    """(decoder, lm_head) when logits are exactly ``lm_head(decoder(...).last_hidden_state)``."""
+    config = getattr(model, "config", None)
+    if config is None or any(getattr(config, a, None) is not None for a in _LOGIT_POSTPROCESS_ATTRS):
+        return None
+    get_decoder = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    if get_decoder is None or get_head is None:
+        return None
+    decoder, head = get_decoder(), get_head()
+    if decoder is None or head is None or decoder is model:
+        return None
+    return decoder, head
+
+
+def _chunk_logprobs(logits: Tensor, targets: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor]:
+    """logprob of ``targets`` under ``logits`` [B, C, V] in fp32, and (detached) entropy."""
+    logits = logits.float()
+    lse = torch.logsumexp(logits, dim=-1)
+    lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if with_entropy:
+        with torch.no_grad():
+            ent = lse - (F.softmax(logits, dim=-1) * logits).sum(-1)
+    else:
+        ent = torch.zeros_like(lp, requires_grad=False)
+    return lp, ent
+
+
+def token_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    with_entropy: bool = False,
+    max_logit_elements: int = DEFAULT_MAX_LOGIT_ELEMENTS,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """out[:, t] = log p(input_ids[:, t] | input_ids[:, :t]) in float32; out[:, 0] = 0.
+
+    Positions where ``attention_mask`` is 0 (right padding) are 0. With ``with_entropy`` also
+    returns the (detached) entropy of the predictive distribution for each token, aligned the
+    same way. Differentiable w.r.t. the model parameters when grad is enabled.
+    """
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    bsz, seqlen = input_ids.shape
+    targets = input_ids[:, 1:]
+    split = _split_model(model)
+    if split is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+        lp, ent = _chunk_logprobs(logits, targets, with_entropy)
+    else:
+        decoder, head = split
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        hidden = hidden[:, :-1]
+        vocab = getattr(head, "out_features", None) or getattr(model.config, "vocab_size", None) or 1
+        chunk = max(1, max_logit_elements // max(1, bsz * vocab))
+        n_pos = hidden.shape[1]
+
+        def run(h: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
+            return _chunk_logprobs(head(h), tgt, with_entropy)
+
+        lps, ents = [], []
+        for s in range(0, n_pos, chunk):
+            h, tgt = hidden[:, s : s + chunk], targets[:, s : s + chunk]
+            if torch.is_grad_enabled() and n_pos > chunk:
+                lp_c, ent_c = checkpoint(run, h, tgt, use_reentrant=False)
+            else:
+                lp_c, ent_c = run(h, tgt)
+            lps.append(lp_c)
+            ents.append(ent_c)
+        lp = torch.cat(lps, dim=1) if lps else hidden.new_zeros(bsz, 0, dtype=torch.float32)
+        ent = torch.cat(ents, dim=1) if ents else lp.detach().clone()
+    valid = attention_mask[:, 1:].bool()
+    zero = lp.new_zeros(bsz, 1)
+    lp = torch.cat([zero, torch.where(valid, lp, torch.zeros_like(lp))], dim=1)
+    if not with_entropy:
+        return lp
+    ent = torch.cat([zero, torch.where(valid, ent, torch.zeros_like(ent))], dim=1).detach()
+    return lp, ent
+
+
+def pad_batch(
+    seqs: Sequence[Sequence[int]],
+    pad_id: int,
+    *per_token_lists: Sequence[Sequence[float]],
+    device: torch.device | str | None = None,
+) -> tuple[Tensor, ...]:
+    """Right-pad ``seqs`` to the longest: returns (input_ids long [B, T], attention_mask long
+    [B, T], *one float32 [B, T] tensor per extra per-token list, padded with 0).
+
+    Every extra list must have the same lengths as ``seqs`` (one value per token); a mismatch is
+    an error because a shifted mask or advantage would silently train on the wrong tokens.
+    """
+    if not seqs:
+        raise ValueError("pad_batch needs at least one sequence")
+    bsz, seqlen = len(seqs), max(len(s) for s in seqs)
+    ids = torch.full((bsz, seqlen), pad_id, dtype=torch.long)
+    mask = torch.zeros((bsz, seqlen), dtype=torch.long)
+    extras = [torch.zeros((bsz, seqlen), dtype=torch.float32) for _ in per_token_lists]
+    for i, s in enumerate(seqs):
+        n = len(s)
+        ids[i, :n] = torch.as_tensor(list(s), dtype=torch.long)
+        mask[i, :n] = 1
+        for j, values in enumerate(per_token_lists):
+            if len(values[i]) != n:
+                raise ValueError(f"per-token list {j} row {i} has {len(values[i])} values for {n} tokens")
+            extras[j][i, :n] = torch.as_tensor(list(values[i]), dtype=torch.float32)
+    out = (ids, mask, *extras)
+    if device is not None:
+        out = tuple(t.to(device) for t in out)
+    return out

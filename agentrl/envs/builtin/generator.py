@@ -1,0 +1,230 @@
+"""Seeded generator of multi-turn builtin tasks (Bank, Calendar, FileStore).
+
+Tasks are built by *executing* the plan while writing it: each operation picks entities and
+values, runs its calls on a live backend, and renders one templated sentence. Ids therefore come
+from real results, answer facts are real values, and a task can never carry a gold call that
+fails. The language is deliberately small and regular (a ~2M-parameter model must learn it):
+
+* entities from the initial state are named by what the user can know — an account by its id,
+  an event by title and day, a file by its path; entities created in the conversation by a
+  handle ("Alice's account", "the gym event", "notes.txt") or, right after they were mentioned
+  alone, "that account" / "that event" / "that file";
+* gold plans are minimal given what the conversation has revealed: a lookup (``find_file``,
+  ``list_events``, ``get_balance``) is in the plan exactly when the needed id or balance was
+  never shown, and questions are only asked about values the model cannot already know, so
+  "answer from memory" and "call the tool" never disagree with the checker.
+
+Categories: ``base``; ``miss_param`` (one value is left out, gold is empty, the next turn says
+"The <slot> is <value>." and carries the calls); ``miss_func`` (the needed tool is withheld up to
+and including that turn, gold is empty, the next turn repeats the request verbatim with the tool
+visible again).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from agentrl.envs.builtin.ops import Op, PlanBuilder, Reject, Req
+from agentrl.envs.checker import canonical, gold_replay
+from agentrl.envs.registry import builtin_tool_specs
+from agentrl.tasks.schema import Task, Turn
+
+CATEGORIES = (("base", 0.70), ("miss_param", 0.15), ("miss_func", 0.15))
+DOMAIN_LABEL = {"Bank": "bank", "Calendar": "calendar", "FileStore": "files"}
+MAX_DEPTH = 3
+TRAIN_SEED, HELDOUT_SEED = 0, 1
+SPLIT_SIZES = {"train": 400, "heldout": 200}
+
+
+# -- turns --------------------------------------------------------------------------------------
+def base_turn(b: PlanBuilder) -> Turn:
+    """1-3 calls from one or more operations, one sentence each."""
+    target = b.rng.choices((1, 2, 3), (0.4, 0.35, 0.25))[0]
+    ops: list[Op] = []
+    steps: list[list] = []
+    last_touched: frozenset[str] = frozenset()
+    n = 0
+    for _ in range(6):
+        if n >= target:
+            break
+        op = b.try_op(Req(max_calls=target - n), attempts=5)
+        if op is None:
+            continue
+        # Independent single-step ops share a step (parallel calls); anything touching the same
+        # id, day, path or id counter must come after, because order changes its results.
+        if steps and len(op.steps) == 1 and not (op.touched & last_touched):
+            steps[-1] = steps[-1] + op.steps[0]
+            last_touched |= op.touched
+        else:
+            steps.extend(op.steps)
+            last_touched = op.touched
+        ops.append(op)
+        n += sum(len(s) for s in op.steps)
+    if not ops:
+        raise Reject("no applicable operation")
+    return Turn(user=" ".join(o.text for o in ops), gold=steps, answer_facts=_facts(ops))
+
+
+def miss_turns(b: PlanBuilder, category: str, used_tools: set[str]) -> list[Turn]:
+    """The empty-gold turn and its follow-up, both built from one single-call operation."""
+    b.focus = None  # the follow-up may be far from its antecedent; name things fully
+    if category == "miss_param":
+        op = b.try_op(Req(single=True, need_missing=True))
+        if op is None or op.missing is None:
+            raise Reject("no operation with a missing slot")
+        return [Turn(user=op.missing[0]), Turn(user=op.missing[1], gold=op.steps, answer_facts=_facts([op]))]
+    op = b.try_op(Req(single=True, avoid_tools=frozenset(used_tools)))
+    if op is None:
+        raise Reject("no operation with an unused tool")
+    tool = op.steps[0][0].name
+    return [Turn(user=op.text, withheld_tools=[tool]), Turn(user=op.text, gold=op.steps, answer_facts=_facts([op]))]
+
+
+def _facts(ops: list[Op]) -> list[str]:
+    return list(dict.fromkeys(f for o in ops for f in o.facts))
+
+
+# -- dependency depth ---------------------------------------------------------------------------
+def _scalars(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _scalars(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _scalars(v)]
+    return [] if value is None or isinstance(value, bool) else [value]
+
+
+def _said(value: Any, text: str) -> bool:
+    return re.search(rf"(?<![\w.-]){re.escape(str(value))}(?![\w-])", text) is not None
+
+
+def dependency_edges(task: Task) -> tuple[list[tuple[int, int]], list[int]]:
+    """Data-flow edges between gold calls and each call's depth (calls numbered in plan order).
+
+    Edge i -> j when an argument value of call j equals a scalar returned by an earlier step's
+    call i *and the user never stated that value* (turns <= j): a value the user typed is not
+    evidence that the model copied it from a result, and small integers would otherwise link
+    unrelated calls. Depth of a call: 0 without incoming edges, else 1 + max depth of its sources.
+    """
+    gold = gold_replay(task)
+    producers: dict[str, list[int]] = {}
+    edges: list[tuple[int, int]] = []
+    depth: list[int] = []
+    said = ""
+    for u, turn in enumerate(task.turns):
+        said += " " + turn.user
+        results = iter(gold[u].results)
+        for step in turn.gold:
+            new: list[tuple[int, Any]] = []
+            for call in step:
+                j = len(depth)
+                sources = sorted({i for v in _scalars(call.arguments) if not _said(v, said)
+                                  for i in producers.get(canonical(v), [])})
+                edges.extend((i, j) for i in sources)
+                depth.append(1 + max(depth[i] for i in sources) if sources else 0)
+                new.append((j, next(results)))
+            for j, result in new:  # calls of one step cannot see each other's results
+                for v in _scalars(result):
+                    producers.setdefault(canonical(v), []).append(j)
+    return edges, depth
+
+
+def dependency_depth(task: Task) -> int:
+    """Length of the longest data-flow chain in the gold plan (0 = no call copies a result)."""
+    return max(dependency_edges(task)[1], default=0)
+
+
+# -- tasks and splits ---------------------------------------------------------------------------
+def _draw(rng: random.Random) -> Task:
+    category = rng.choices([c for c, _ in CATEGORIES], [w for _, w in CATEGORIES])[0]
+    domains = sorted(rng.sample(sorted(DOMAIN_LABEL), rng.choices((1, 2), (0.7, 0.3))[0]))
+    n_turns = rng.choice((1, 2, 2, 3, 3, 4) if category == "base" else (2, 3, 3, 4))
+    miss_at = rng.randrange(n_turns - 1) if category != "base" else -1
+    builder = PlanBuilder(rng, domains)
+    turns: list[Turn] = []
+    while len(turns) < n_turns:
+        if len(turns) == miss_at:
+            used = {c.name for t in turns for step in t.gold for c in step}
+            pair = miss_turns(builder, category, used)
+            for t in turns:  # the schema wants a withheld tool hidden in every earlier turn too
+                t.withheld_tools = list(pair[0].withheld_tools)
+            turns.extend(pair)
+        else:
+            turns.append(base_turn(builder))
+    task = Task(
+        id="pending",
+        domain="+".join(DOMAIN_LABEL[d] for d in domains),
+        category=category,
+        tools=builtin_tool_specs(domains),
+        backend="builtin",
+        initial_state=builder.initial_state,
+        turns=turns,
+    )
+    if dependency_depth(task) > MAX_DEPTH:
+        raise Reject("dependency chain too deep")
+    if canonical(gold_replay(task)[-1].state) != canonical(builder.backend.state()):
+        raise RuntimeError("generator bug: replaying the gold plan does not reproduce the live state")
+    return task
+
+
+def _text_key(task: Task) -> tuple[str, ...]:
+    return tuple(t.user for t in task.turns)
+
+
+def _stream(seed: int) -> Iterator[Task]:
+    """Endless deterministic stream of distinct tasks; task i depends only on (seed, i)."""
+    seen: set[tuple[str, ...]] = set()
+    i = 0
+    while True:
+        rng = random.Random(f"agentrl-builtin:{seed}:{i}")
+        i += 1
+        for _ in range(100):
+            try:
+                task = _draw(rng)
+                break
+            except Reject:
+                continue
+        else:
+            raise RuntimeError(f"generator could not draw task {i - 1} of seed {seed}")
+        key = _text_key(task)
+        if key not in seen:
+            seen.add(key)
+            yield task
+
+
+def generate_tasks(
+    n: int, seed: int = 0, id_prefix: str = "builtin", exclude: set[tuple[str, ...]] | None = None
+) -> list[Task]:
+    """``n`` distinct builtin tasks, ids ``{id_prefix}-00000``...; same arguments, same tasks.
+
+    ``exclude`` holds text keys (the tuple of a task's user turns) that must not be produced.
+    """
+    out: list[Task] = []
+    if n <= 0:
+        return out
+    for task in _stream(seed):
+        if exclude and _text_key(task) in exclude:
+            continue
+        out.append(task.model_copy(update={"id": f"{id_prefix}-{len(out):05d}"}))
+        if len(out) == n:
+            return out
+    return out  # pragma: no cover - the stream is endless
+
+
+@functools.lru_cache(maxsize=None)
+def _split(name: str) -> tuple[Task, ...]:
+    if name == "train":
+        return tuple(generate_tasks(SPLIT_SIZES["train"], TRAIN_SEED, "builtin-train"))
+    train_keys = {_text_key(t) for t in _split("train")}
+    return tuple(generate_tasks(SPLIT_SIZES["heldout"], HELDOUT_SEED, "builtin-heldout", exclude=train_keys))
+
+
+def builtin_split(name: str) -> list[Task]:
+    """The fixed builtin splits: ``train`` (400 tasks) and ``heldout`` (200, no user-text overlap
+    with train). Returns fresh copies, so callers may mutate them."""
+    if name not in SPLIT_SIZES:
+        raise ValueError(f"unknown builtin split {name!r}; expected one of {sorted(SPLIT_SIZES)}")
+    return [t.model_copy(deep=True) for t in _split(name)]

@@ -1,0 +1,37 @@
+"""One episode's environment: a backend session plus the per-turn checker, behind one object.
+
+The simulator-pool actors host these (one per in-flight episode); the SFT warm start and tests
+use them directly. The async methods match ``agentrl.agent.episode.EnvSession``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.envs.checker import TurnCheck, check_turn, gold_replay
+from agentrl.envs.registry import make_backend
+from agentrl.tasks.schema import Task, ToolCall
+
+
+class LocalEnvSession:
+    def __init__(self, task: Task):
+        self.task = task
+        self.backend = make_backend(task)
+        self._gold = None  # gold replay, computed once per episode on first check
+        self.checks: list[TurnCheck] = []
+
+    def execute_sync(self, calls: list[ToolCall]) -> list[Any]:
+        return [self.backend.execute(c) for c in calls]
+
+    def end_turn_sync(self, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
+        if self._gold is None:
+            self._gold = gold_replay(self.task)
+        check = check_turn(self.task, turn_index, self.backend.state(), results, gold=self._gold)
+        self.checks.append(check)
+        return check.passed
+
+    async def execute(self, calls: list[ToolCall]) -> list[Any]:
+        return self.execute_sync(calls)
+
+    async def end_turn(self, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
+        return self.end_turn_sync(turn_index, results)

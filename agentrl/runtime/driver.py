@@ -1,0 +1,250 @@
+"""The driver loop: one process that places the actors and moves object refs between them.
+
+    sample tasks -> rollouts (workers x simulators) -> replay buffer -> learner -> weight sync
+
+Runs the same in-process on an embedded Ray (``agentrl train CONFIG``) and under
+``ray job submit`` against a cluster (Ray picks up ``RAY_ADDRESS``). The driver never touches a
+trajectory payload: workers put groups into the object store and the learner resolves them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import ray
+
+from agentrl.config import Config, dump_config
+from agentrl.runtime.env import set_default_env
+
+
+class TaskSampler:
+    """Training tasks per step: shuffled passes over the train set, or fresh generated tasks."""
+
+    def __init__(self, cfg: Config, heldout_texts: set[str]):
+        from agentrl.tasks.io import resolve_task_source
+
+        self.cfg = cfg
+        self.rng = random.Random(cfg.run.seed)
+        self.heldout_texts = heldout_texts
+        self.tasks = [] if cfg.tasks.fresh_train else resolve_task_source(cfg.tasks.train)
+        self.order: list = []
+        self.fresh_seed = 1_000_000 + cfg.run.seed * 10_000
+
+    def next(self, n: int) -> list:
+        if self.cfg.tasks.fresh_train:
+            from agentrl.envs.builtin.generator import generate_tasks
+
+            out = []
+            while len(out) < n:
+                self.fresh_seed += 1
+                for t in generate_tasks(n, seed=self.fresh_seed, id_prefix=f"fresh{self.fresh_seed}"):
+                    if not any(turn.user in self.heldout_texts for turn in t.turns):
+                        out.append(t)
+            return out[:n]
+        out = []
+        while len(out) < n:
+            if not self.order:
+                self.order = list(self.tasks)
+                self.rng.shuffle(self.order)
+            out.append(self.order.pop())
+        return out
+
+
+def _shard(items: list, n: int) -> list[list]:
+    return [items[i::n] for i in range(n)]
+
+
+def _model_path(cfg: Config) -> str:
+    path = Path(cfg.model.path)
+    if not (path / "config.json").exists():
+        hint = " Build it with `agentrl make-model`." if "tiny-agent" in str(path) else ""
+        raise SystemExit(f"error: model.path: no model at {path}.{hint}")
+    return str(path.resolve())
+
+
+class Trainer:
+    def __init__(self, cfg: Config, run_dir: Path):
+        from agentrl.runtime.learner import LearnerActor
+        from agentrl.runtime.replay_buffer import ReplayBuffer
+        from agentrl.runtime.rollout_worker import RolloutWorker
+        from agentrl.runtime.simulator_pool import SimulatorPool
+        from agentrl.runtime.weight_sync import make_weight_sync
+        from agentrl.tasks.io import resolve_task_source
+        from agentrl.telemetry.metrics import MetricsSink
+        from agentrl.telemetry.progress import ProgressLine
+
+        self.cfg, self.run_dir = cfg, run_dir
+        model_path = _model_path(cfg)
+        heldout = resolve_task_source(cfg.tasks.heldout)
+        self.heldout = heldout[: cfg.tasks.heldout_size] if cfg.tasks.heldout_size else heldout
+        self.sampler = TaskSampler(cfg, {turn.user for t in heldout for turn in t.turns})
+        rt = cfg.runtime
+        self.pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency)
+        self.workers = [
+            RolloutWorker.options(num_cpus=rt.rollout_worker_cpus).remote(model_path, cfg.rollout, cfg.model.dtype, self.pool.actors, i)
+            for i in range(cfg.rollout.num_workers)
+        ]
+        self.buffer = ReplayBuffer.remote(cfg.buffer.capacity_groups, cfg.buffer.max_staleness)
+        self.learner = LearnerActor.options(num_cpus=rt.learner_cpus).remote(model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed)
+        starts = ray.get([w.start.remote() for w in self.workers])
+        print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{ray.get(self.learner.get_version.remote())})", flush=True)
+        self.sync = make_weight_sync(rt.weight_sync, self.learner, self.workers)
+        self.metrics = MetricsSink(run_dir, cfg.telemetry, cfg.run.name)
+        self.progress = ProgressLine(cfg.train.steps, live=None if cfg.telemetry.progress else False)
+        self.version = 0
+
+    # ---------------------------------------------------------------- evaluation
+    def evaluate(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        shards = _shard(self.heldout, len(self.workers))
+        results = [r for rs in ray.get([w.evaluate.remote(s) for w, s in zip(self.workers, shards) if s]) for r in rs]
+        n = max(1, len(results))
+        return {
+            "success": sum(r["outcome"] for r in results) / n,
+            "progress": sum(r["progress"] for r in results) / n,
+            "mean_calls": sum(r["calls"] for r in results) / n,
+            "episodes": float(len(results)),
+            "seconds": time.perf_counter() - t0,
+        }
+
+    # ---------------------------------------------------------------- one step
+    def step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        tasks = self.sampler.next(cfg.rollout.tasks_per_step)
+        calls = [
+            w.rollout.remote(shard, cfg.rollout.group_size, cfg.rollout.temperature, cfg.rollout.top_p, cfg.run.seed * 100_003 + step * 101 + i)
+            for i, (w, shard) in enumerate(zip(self.workers, _shard(tasks, len(self.workers))))
+            if shard
+        ]
+        summaries, entries = [], []
+        for sums, refs in ray.get(calls):
+            summaries += sums
+            entries += [([ref], s["version"]) for ref, s in zip(refs, sums)]
+        ray.get(self.buffer.add.remote(entries))
+        t_gen = time.perf_counter() - t0
+
+        t1 = time.perf_counter()
+        boxes = ray.get(self.buffer.sample.remote(len(entries) * 2, self.version))
+        learn = ray.get(self.learner.train.remote(boxes)) if boxes else {}
+        self.version += 1 if boxes else 0
+        t_learn = time.perf_counter() - t1
+
+        t2 = time.perf_counter()
+        self.sync.sync(self.version)
+        t_sync = time.perf_counter() - t2
+
+        outcomes = [o for s in summaries for o in s["outcome"]]
+        progress = [p for s in summaries for p in s["progress"]]
+        n = max(1, len(outcomes))
+        mean_p = sum(progress) / n
+        tokens = sum(s["policy_tokens"] for s in summaries)
+        group_std = [
+            (sum((x - sum(s["progress"]) / len(s["progress"])) ** 2 for x in s["progress"]) / len(s["progress"])) ** 0.5 for s in summaries
+        ]
+        m = {
+            "train/success": sum(outcomes) / n,
+            "train/progress": mean_p,
+            "train/reward_std": sum(group_std) / max(1, len(group_std)),
+            "train/episodes": float(len(outcomes)),
+            "train/policy_tokens": float(tokens),
+            "perf/tokens_per_s": tokens / max(t_gen, 1e-9),
+            "train/calls_per_episode": sum(s["calls"] for s in summaries) / n,
+            "train/valid_call_fraction": sum(s["valid_calls"] for s in summaries) / max(1, sum(s["calls"] for s in summaries)),
+            "time/generate": t_gen,
+            "time/learn": t_learn,
+            "time/sync": t_sync,
+            "time/step": time.perf_counter() - t0,
+            "train/policy_version": float(self.version),
+            "train/policy_lag": float(self.version - 1 - min(s["version"] for s in summaries)) if summaries else 0.0,
+        }
+        m.update({f"learner/{k}": float(v) for k, v in learn.items()})
+        m.update({f"buffer/{k}": float(v) for k, v in ray.get(self.buffer.stats.remote()).items()})
+        return m
+
+    def shutdown(self) -> None:
+        ray.get([w.shutdown.remote() for w in self.workers])
+        self.metrics.close()
+
+
+def _init_ray(cfg: Config, run_dir: Path) -> None:
+    if ray.is_initialized():
+        return
+    if cfg.runtime.ray_address:
+        ray.init(address=cfg.runtime.ray_address, log_to_driver=True)
+        return
+    import os
+
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(log_to_driver=True)  # under `ray job submit`, or a user-started cluster
+        return
+    tmp = os.environ.get("RAY_TMPDIR", "/tmp/agentrl-ray")
+    ray.init(num_cpus=_embedded_cpus(cfg), include_dashboard=True, _temp_dir=tmp, log_to_driver=True)
+
+
+def _embedded_cpus(cfg: Config) -> int:
+    """Logical CPUs for an embedded cluster: at least what the actors ask for.
+
+    Ray CPUs are scheduling tokens, not cores. On a 2-core machine one rollout worker (1 CPU),
+    the learner (1 CPU) and the simulators (0.1 each) ask for 2.1, and Ray would leave an actor
+    pending forever; the engines share the cores anyway.
+    """
+    import math
+    import os
+
+    rt = cfg.runtime
+    need = rt.rollout_worker_cpus * cfg.rollout.num_workers + rt.learner_cpus + rt.simulator_cpus * cfg.simulators.num_actors
+    return rt.num_cpus or max(os.cpu_count() or 1, math.ceil(need))
+
+
+def train(cfg: Config, config_path: str | None = None) -> dict:
+    """Run a training job end to end; returns the start/end held-out evaluations."""
+    from agentrl.telemetry.progress import eval_table
+    from agentrl.telemetry.report import write_report
+
+    set_default_env()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-{stamp}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    print(f"agentrl: run {run_dir} (config {config_path or 'defaults'})", flush=True)
+
+    _init_ray(cfg, run_dir)
+    t_start = time.perf_counter()
+    trainer = Trainer(cfg, run_dir)
+    evals: dict[str, dict[str, float]] = {}
+    try:
+        if cfg.train.eval_at_start:
+            evals["start"] = trainer.evaluate()
+            print(f"held-out at start: success {evals['start']['success']:.2f} on {int(evals['start']['episodes'])} tasks ({evals['start']['seconds']:.0f}s)", flush=True)
+        deadline = t_start + cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
+        for step in range(1, cfg.train.steps + 1):
+            m = trainer.step(step)
+            trainer.metrics.log(step, m)
+            trainer.progress.update(step, m)
+            if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
+                e = trainer.evaluate()
+                trainer.metrics.log(step, {f"eval/{k}": v for k, v in e.items()})
+            if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+                ray.get(trainer.learner.save.remote(str((run_dir / f"checkpoint-{step}").resolve())))
+            if deadline and time.perf_counter() > deadline:
+                print(f"train.max_minutes reached after step {step}", flush=True)
+                break
+        trainer.progress.close()
+        if cfg.train.eval_at_end:
+            evals["end"] = trainer.evaluate()
+            trainer.metrics.log(step, {f"eval/{k}": v for k, v in evals["end"].items()})
+        ray.get(trainer.learner.save.remote(str((run_dir / "final").resolve())))
+    finally:
+        trainer.shutdown()
+    (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))
+    write_report(run_dir)
+    print(f"training took {(time.perf_counter() - t_start) / 60:.1f} min; metrics in {run_dir}", flush=True)
+    if evals:
+        eval_table("held-out evaluation (greedy)", evals)
+    if "start" in evals and "end" in evals:
+        print(f"held-out success: {evals['start']['success']:.2f} -> {evals['end']['success']:.2f}", flush=True)
+    return evals

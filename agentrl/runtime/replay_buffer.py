@@ -1,0 +1,48 @@
+"""ReplayBuffer: an actor holding object refs of whole groups, tagged with their policy version.
+
+Groups are the unit (group-relative advantages need every episode of a group). The payloads stay
+in the object store; this actor only keeps refs and a little metadata. ``sample`` enforces the
+staleness bound: a group produced by policy version v may train learner version at most
+v + max_staleness; older ones are dropped and counted, never silently used.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import ray
+
+
+@ray.remote(num_cpus=0)
+class ReplayBuffer:
+    def __init__(self, capacity_groups: int, max_staleness: int):
+        self.capacity = capacity_groups
+        self.max_staleness = max_staleness
+        self.items: deque = deque()
+        self.dropped_stale = 0
+        self.dropped_full = 0
+        self.added = 0
+
+    def add(self, entries: list[tuple[list, int]]) -> int:
+        """``entries``: ([group_ref], behaviour_version) — the ref is wrapped so Ray passes it as is."""
+        for ref_box, version in entries:
+            if len(self.items) >= self.capacity:
+                self.items.popleft()
+                self.dropped_full += 1
+            self.items.append((ref_box, version))
+            self.added += 1
+        return len(self.items)
+
+    def sample(self, max_groups: int, learner_version: int) -> list[list]:
+        """Oldest-first, up to ``max_groups`` fresh-enough groups; removes what it returns."""
+        out = []
+        while self.items and len(out) < max_groups:
+            ref_box, version = self.items.popleft()
+            if learner_version - version > self.max_staleness:
+                self.dropped_stale += 1
+                continue
+            out.append(ref_box)
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return {"size": len(self.items), "added": self.added, "dropped_stale": self.dropped_stale, "dropped_full": self.dropped_full}

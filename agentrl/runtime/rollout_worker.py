@@ -1,0 +1,137 @@
+"""RolloutWorker: a Ray actor that owns one vLLM engine and runs many episodes concurrently.
+
+Every episode is an asyncio task; their generation requests meet in vLLM's continuous batcher
+and their tool calls go to the simulator pool. Finished groups are put into the object store by
+the worker itself, so only small summaries travel back to the driver; the replay buffer and the
+learner pass the object refs along.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import ray
+
+from agentrl.agent.episode import Episode, EpisodeLimits, Generation, run_episode
+from agentrl.rewards.outcome import outcome_reward, progress_reward
+from agentrl.tasks.schema import Task
+
+
+class _EnginePolicy:
+    """Binds an engine and sampling settings to the episode loop's ``Policy`` protocol."""
+
+    def __init__(self, engine, sampling, stop_ids: list[int]):
+        self.engine, self.sampling, self.stop_ids = engine, sampling, stop_ids
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int) -> Generation:
+        return await self.engine.generate(prompt_ids, max_tokens, self.sampling, self.stop_ids)
+
+
+def score_episode(ep: Episode) -> None:
+    ep.rewards["outcome"] = outcome_reward(ep.turn_passed, ep.n_turns)
+    ep.rewards["progress"] = progress_reward(ep.turn_passed, ep.n_turns)
+
+
+def group_summary(group: dict) -> dict:
+    eps = [Episode.from_dict(e) for e in group["episodes"]]
+    return {
+        "task_id": group["task_id"],
+        "version": group["version"],
+        "outcome": [e.rewards["outcome"] for e in eps],
+        "progress": [e.rewards["progress"] for e in eps],
+        "policy_tokens": sum(e.n_policy_tokens for e in eps),
+        "calls": sum(e.n_call_blocks for e in eps),
+        "valid_calls": sum(e.n_valid_calls for e in eps),
+        "gen_seconds": sum(e.gen_seconds for e in eps),
+        "env_seconds": sum(e.env_seconds for e in eps),
+    }
+
+
+@ray.remote
+class RolloutWorker:
+    def __init__(self, model_path: str, rollout_cfg, dtype: str, simulators: list, worker_index: int = 0):
+        from agentrl.runtime.env import set_default_env
+
+        set_default_env()
+        self.model_path, self.cfg, self.dtype = model_path, rollout_cfg, dtype
+        self.simulators = simulators
+        self.worker_index = worker_index
+        self.engine = None
+        self.version = 0
+
+    async def start(self) -> float:
+        """Build the engine inside the actor's event loop (vLLM's async engine needs one)."""
+        from transformers import AutoTokenizer
+
+        from agentrl.agent.chat import ChatFormatter
+        from agentrl.engines.vllm_engine import VLLMEngine
+        from agentrl.runtime.simulator_pool import SimulatorPool
+
+        t0 = time.perf_counter()
+        self.engine = VLLMEngine(self.model_path, self.cfg.engine, dtype=self.dtype, seed=self.cfg.engine.seed + self.worker_index)
+        self.formatter = ChatFormatter(AutoTokenizer.from_pretrained(self.model_path))
+        self.pool = SimulatorPool(self.simulators)
+        self.limits = EpisodeLimits(
+            max_new_tokens=self.cfg.max_new_tokens,
+            max_assistant_messages_per_turn=self.cfg.max_assistant_messages_per_turn,
+            max_episode_tokens=self.cfg.max_episode_tokens,
+        )
+        return time.perf_counter() - t0
+
+    async def _episode(self, task: Task, sampling, group_id: str) -> Episode:
+        session = await self.pool.open(f"{group_id}/{uuid.uuid4().hex[:8]}", task)
+        try:
+            ep = await run_episode(task, _EnginePolicy(self.engine, sampling, self.formatter.eos_token_ids), session, self.formatter, self.limits)
+        finally:
+            await session.close()
+        score_episode(ep)
+        ep.policy_version = self.version
+        ep.group_id = group_id
+        return ep
+
+    async def rollout(self, tasks: list[Task], group_size: int, temperature: float, top_p: float, seed: int) -> tuple[list[dict], list]:
+        """G episodes per task, all concurrent. Returns (small summaries, [object ref per group])."""
+        from agentrl.engines.vllm_engine import SamplingConfig
+
+        async def group(i: int, task: Task) -> dict:
+            gid = f"{task.id}@v{self.version}#{seed}"
+            eps = await asyncio.gather(
+                *[self._episode(task, SamplingConfig(temperature, top_p, seed * 1_000_003 + i * 1009 + k), gid) for k in range(group_size)]
+            )
+            return {"task_id": task.id, "group_id": gid, "version": self.version, "episodes": [e.to_dict() for e in eps]}
+
+        groups = await asyncio.gather(*[group(i, t) for i, t in enumerate(tasks)])
+        return [group_summary(g) for g in groups], [ray.put(g) for g in groups]
+
+    async def evaluate(self, tasks: list[Task]) -> list[dict]:
+        """Greedy decoding, one episode per task; returns per-task results."""
+        from agentrl.engines.vllm_engine import SamplingConfig
+
+        eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature=0.0), f"eval/{t.id}") for t in tasks])
+        return [
+            {"task_id": e.task_id, "outcome": e.rewards["outcome"], "progress": e.rewards["progress"], "calls": e.n_call_blocks,
+             "valid_calls": e.n_valid_calls, "termination": e.termination, "policy_tokens": e.n_policy_tokens}
+            for e in eps
+        ]
+
+    async def load_weights(self, blob: bytes, version: int) -> int:
+        await self.engine.load_weights(blob)
+        self.version = version
+        return version
+
+    async def sample_one(self, task: Task, seed: int) -> dict:
+        """One sampled episode (temperature 1) — used to verify weight sync against the learner."""
+        from agentrl.engines.vllm_engine import SamplingConfig
+
+        ep = await self._episode(task, SamplingConfig(1.0, 1.0, seed), "probe")
+        return ep.to_dict()
+
+    async def weights_digest(self) -> list[str]:
+        return await self.engine.weights_digest()
+
+    async def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

@@ -1,0 +1,73 @@
+"""The simulator pool: M Ray actors hosting tool-backend sessions, one session per live episode.
+
+Rollout workers never execute tools themselves: an episode opens a session on one simulator
+actor (chosen by hashing the session id, so every call of an episode lands on the actor that
+holds its state) and sends calls there. Actors are threaded (``max_concurrency``): Ray queues
+calls beyond that limit at the actor, which is the back-pressure — no unbounded queue in ours.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import ray
+
+from agentrl.envs.session import LocalEnvSession
+from agentrl.tasks.schema import Task, ToolCall
+
+
+@ray.remote
+class SimulatorActor:
+    def __init__(self) -> None:
+        self.sessions: dict[str, LocalEnvSession] = {}
+        self.calls = 0
+
+    def open(self, session_id: str, task: Task) -> None:
+        self.sessions[session_id] = LocalEnvSession(task)
+
+    def execute(self, session_id: str, calls: list[ToolCall]) -> list[Any]:
+        self.calls += len(calls)
+        return self.sessions[session_id].execute_sync(calls)
+
+    def end_turn(self, session_id: str, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
+        return self.sessions[session_id].end_turn_sync(turn_index, results)
+
+    def close(self, session_id: str) -> None:
+        self.sessions.pop(session_id, None)
+
+    def stats(self) -> dict[str, int]:
+        return {"open_sessions": len(self.sessions), "calls": self.calls}
+
+
+class RemoteEnvSession:
+    """``agentrl.agent.episode.EnvSession`` backed by a simulator actor."""
+
+    def __init__(self, actor, session_id: str):
+        self.actor = actor
+        self.session_id = session_id
+
+    async def execute(self, calls: list[ToolCall]) -> list[Any]:
+        return await self.actor.execute.remote(self.session_id, calls)
+
+    async def end_turn(self, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
+        return await self.actor.end_turn.remote(self.session_id, turn_index, results)
+
+    async def close(self) -> None:
+        await self.actor.close.remote(self.session_id)
+
+
+class SimulatorPool:
+    def __init__(self, actors: list):
+        if not actors:
+            raise ValueError("the simulator pool needs at least one actor")
+        self.actors = actors
+
+    @classmethod
+    def create(cls, num_actors: int, num_cpus: float, max_concurrency: int) -> "SimulatorPool":
+        return cls([SimulatorActor.options(num_cpus=num_cpus, max_concurrency=max_concurrency).remote() for _ in range(num_actors)])
+
+    async def open(self, session_id: str, task: Task) -> RemoteEnvSession:
+        actor = self.actors[zlib.crc32(session_id.encode()) % len(self.actors)]
+        await actor.open.remote(session_id, task)
+        return RemoteEnvSession(actor, session_id)

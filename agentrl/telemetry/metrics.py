@@ -1,0 +1,193 @@
+"""One call per training step fans metrics out to JSONL, TensorBoard and Ray's metrics (Prometheus).
+
+Telemetry must never be why a run dies: every sink is wrapped, a failing sink logs one warning and
+the others carry on. Heavy imports (torch's SummaryWriter, Ray) happen lazily so a sink with
+TensorBoard off costs nothing, and Ray is only used when the process already has it initialized
+(the driver owns ``ray.init``; a sink must not start a cluster).
+
+The metric names the rest of agentrl reads back (progress line, report) are listed in
+``FIELDS``: each display field takes the first of its names present in a step's metrics, so the
+loop may log ``train/success`` or plain ``success``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tb"
+
+# display field -> metric names that carry it, canonical name first
+FIELDS: dict[str, tuple[str, ...]] = {
+    "success": ("train/success", "success", "reward/success", "rollout/success"),
+    "progress": ("train/progress", "progress", "reward/progress", "rollout/progress"),
+    "reward_std": ("train/reward_std", "reward_std", "reward/std", "rollout/reward_std"),
+    "tokens_per_s": ("perf/tokens_per_s", "tokens_per_s", "rollout/tokens_per_s"),
+    "time_gen": ("time/generate", "time/gen", "time_gen", "gen_s"),
+    "time_learn": ("time/learn", "time_learn", "learn_s"),
+    "time_sync": ("time/sync", "time_sync", "sync_s"),
+    "lag": ("train/policy_lag", "policy_lag", "lag", "buffer/lag"),
+}
+
+
+def pick(metrics: Mapping[str, Any], field: str) -> float | None:
+    """The value of display ``field`` (see ``FIELDS``) in ``metrics``, or None when absent."""
+    for name in FIELDS[field]:
+        value = metrics.get(name)
+        if value is not None:
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def ray_metric_name(name: str) -> str:
+    """Prometheus-safe gauge name: ``train/success`` -> ``agentrl_train_success``."""
+    return "agentrl_" + re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Keep values that are numbers (int, bool, numpy/torch 0-d); drop the rest silently."""
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        if isinstance(value, (str, bytes)) or value is None:
+            continue
+        try:
+            out[str(name)] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+class MetricsSink:
+    """Writes each step's scalars to ``run_dir/metrics.jsonl``, ``run_dir/tb`` and Ray gauges.
+
+    ``telemetry_cfg`` is a ``TelemetryConfig`` (``jsonl``, ``tensorboard``, ``ray_metrics``); None
+    means all on. The JSONL file is appended to, so a resumed run continues the same file.
+    """
+
+    def __init__(self, run_dir: str | Path, telemetry_cfg: Any = None, run_name: str = "agentrl"):
+        self.run_dir = Path(run_dir)
+        self.run_name = str(run_name)
+        self._use_jsonl = bool(getattr(telemetry_cfg, "jsonl", True))
+        self._use_tb = bool(getattr(telemetry_cfg, "tensorboard", True))
+        self._use_ray = bool(getattr(telemetry_cfg, "ray_metrics", True))
+        self._start = time.time()
+        self._warned: set[str] = set()
+        self._jsonl = None
+        self._tb = None
+        self._gauges: dict[str, Any] = {}
+        self._closed = False
+        if self._use_jsonl:
+            self._guard("jsonl", self._open_jsonl)
+        if self._use_tb:
+            self._guard("tensorboard", self._open_tb)
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _open_jsonl(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8", buffering=1)
+
+    def _open_tb(self) -> None:
+        path = self.run_dir / TB_DIR
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(path))
+        except Exception as err:  # torch missing or torch/tensorboard version skew
+            log.debug("torch SummaryWriter unavailable (%s); using tensorboard.summary.Writer", err)
+            from tensorboard.summary import Writer
+
+            self._tb = Writer(str(path))
+
+    # -- logging -------------------------------------------------------------------------------
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record ``metrics`` (name -> number; non-numbers are skipped) for training ``step``."""
+        if self._closed:
+            return
+        values = _scalars(metrics)
+        step = int(step)
+        if self._jsonl is not None:
+            self._guard("jsonl", self._write_jsonl, step, values)
+        if self._tb is not None:
+            self._guard("tensorboard", self._write_tb, step, values)
+        if self._use_ray and self._ray_ready():
+            self._guard("ray_metrics", self._write_ray, values)
+
+    def _write_jsonl(self, step: int, values: dict[str, float]) -> None:
+        now = time.time()
+        # JSON has no NaN/Infinity; write null so every line parses everywhere
+        record = {"step": step, "time": round(now, 3), "elapsed_s": round(now - self._start, 3)}
+        record.update({k: (v if math.isfinite(v) else None) for k, v in values.items()})
+        self._jsonl.write(json.dumps(record) + "\n")
+
+    def _write_tb(self, step: int, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            self._tb.add_scalar(name, value, step)
+        self._tb.flush()  # steps are seconds apart; make TensorBoard show them now
+
+    @staticmethod
+    def _ray_ready() -> bool:
+        ray = sys.modules.get("ray")  # never import Ray here: the driver decides whether it runs
+        try:
+            return ray is not None and ray.is_initialized()
+        except Exception:
+            return False
+
+    def _write_ray(self, values: dict[str, float]) -> None:
+        from ray.util.metrics import Gauge
+
+        tags = {"run": self.run_name}
+        for name, value in values.items():
+            if not math.isfinite(value):
+                continue
+            key = ray_metric_name(name)
+            gauge = self._gauges.get(key)
+            if gauge is None:
+                gauge = self._gauges[key] = Gauge(key, description=f"agentrl metric {name}",
+                                                  tag_keys=("run",))
+            gauge.set(value, tags=tags)
+
+    def _guard(self, sink: str, fn, *args) -> None:
+        """Run one sink's work; on failure warn once per sink and keep training going."""
+        try:
+            fn(*args)
+        except Exception as err:
+            if sink not in self._warned:
+                self._warned.add(sink)
+                log.warning("telemetry sink %s failed (further failures not reported): %r",
+                            sink, err)
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush and close the files; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._jsonl is not None:
+            self._guard("jsonl", self._jsonl.close)
+            self._jsonl = None
+        if self._tb is not None:
+            self._guard("tensorboard", self._tb.close)
+            self._tb = None
+
+    def __enter__(self) -> MetricsSink:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

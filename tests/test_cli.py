@@ -1,0 +1,155 @@
+"""CLI: bad configs exit 2 before anything exists; subcommands wire to their implementations."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from agentrl.cli import main
+from agentrl.runtime.env import CACHE_DIRS
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
+
+
+def run_cli(args: list[str], cwd: Path, module: str = "agentrl.cli", env: dict | None = None):
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+@pytest.mark.parametrize("module", ["agentrl.cli", "agentrl"])
+def test_help(tmp_path, module):
+    res = run_cli(["--help"], tmp_path, module)
+    assert res.returncode == 0, res.stderr
+    for command in ("train", "make-model", "tasks"):
+        assert command in res.stdout
+    res = run_cli(["tasks", "export", "--help"], tmp_path, module)
+    assert res.returncode == 0 and "SOURCE" in res.stdout
+
+
+def test_no_command_is_a_usage_error(tmp_path):
+    assert run_cli([], tmp_path).returncode == 2
+
+
+@pytest.mark.parametrize("override, key", [("rollout.bogus=1", "rollout.bogus"),
+                                           ("train.steps=abc", "train.steps")])
+def test_train_bad_override_exits_2_before_anything(tmp_path, override, key):
+    res = run_cli(["train", QUICKSTART, override], tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.startswith("error: ") and key in res.stderr and QUICKSTART in res.stderr
+    assert res.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # no runs/, no .cache/
+
+
+def test_train_bad_file_value_names_file_line_key(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("run:\n  name: x\nrollout:\n  group_size: -3\n")
+    res = run_cli(["train", str(config)], tmp_path)
+    assert res.returncode == 2
+    assert f"{config}:4: rollout.group_size" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_config_error_path_imports_no_torch_or_ray(tmp_path):
+    code = ("import sys; from agentrl.cli import main; rc = main(['train', sys.argv[1], 'x.y=1']); "
+            "heavy = [m for m in ('torch', 'ray', 'vllm', 'deepspeed') if m in sys.modules]; "
+            "print(rc, heavy)")
+    res = subprocess.run([sys.executable, "-c", code, QUICKSTART], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "2 []", res.stderr
+
+
+def test_import_sets_offline_and_cache_defaults(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"AGENTRL_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", *CACHE_DIRS}}
+    env["TRITON_CACHE_DIR"] = "/custom/triton"
+    code = "import json, os, agentrl.cli; print(json.dumps(dict(os.environ)))"
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    seen = json.loads(res.stdout)
+    cache = tmp_path.resolve() / ".cache"
+    assert seen["HF_HUB_OFFLINE"] == "1" and seen["TRANSFORMERS_OFFLINE"] == "1"
+    assert seen["HF_HOME"] == str(cache / "hf")
+    assert seen["TORCH_EXTENSIONS_DIR"] == str(cache / "torch_extensions")
+    assert seen["TRITON_CACHE_DIR"] == "/custom/triton"
+
+
+@pytest.fixture
+def fake_module(monkeypatch):
+    """Install a stand-in module (the real driver/model builder are heavy or not written yet)."""
+
+    def install(name: str, **attrs) -> types.ModuleType:
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+        return module
+
+    return install
+
+
+def test_train_calls_driver(fake_module, tmp_path):
+    calls = []
+    fake_module("agentrl.runtime.driver", train=lambda config, config_path: calls.append(
+        (config, config_path)))
+    assert main(["train", QUICKSTART, "train.steps=3"]) == 0
+    (config, path), = calls
+    assert config.train.steps == 3 and path == QUICKSTART
+
+
+def test_train_interrupted_exits_130(fake_module, capsys):
+    def train(config, config_path):
+        raise KeyboardInterrupt
+
+    fake_module("agentrl.runtime.driver", train=train)
+    assert main(["train", QUICKSTART]) == 130
+
+
+def test_make_model_wiring(fake_module, tmp_path, capsys):
+    calls = []
+    fake_module("agentrl.engines.tiny_model",
+                make_model=lambda out_dir, seed, force: calls.append((out_dir, seed, force)))
+    assert main(["make-model", "--out", str(tmp_path / "m"), "--seed", "7", "--force"]) == 0
+    assert main(["make-model", "model.path=elsewhere/model"]) == 0
+    assert main(["make-model"]) == 0
+    assert calls == [(str(tmp_path / "m"), 7, True), ("elsewhere/model", 0, False),
+                     (".cache/models/tiny-agent", 0, False)]
+    assert main(["make-model", "model.nope=1"]) == 2
+    assert "model.nope" in capsys.readouterr().err
+
+
+def test_tasks_export_wiring(fake_module, tmp_path, capsys):
+    class TaskFileError(Exception):
+        pass
+
+    saved = []
+
+    def resolve(source):
+        if source == "missing.jsonl":
+            raise TaskFileError("missing.jsonl: no such file")
+        return iter(["t1", "t2"])
+
+    fake_module("agentrl.tasks.io", TaskFileError=TaskFileError, resolve_task_source=resolve,
+                save_tasks=lambda tasks, path: saved.append((tasks, path)))
+    assert main(["tasks", "export", "builtin:heldout", "out.jsonl"]) == 0
+    assert saved == [(["t1", "t2"], "out.jsonl")]
+    assert "2 tasks" in capsys.readouterr().out
+    assert main(["tasks", "export", "missing.jsonl", "out.jsonl"]) == 2
+    assert capsys.readouterr().err == "error: missing.jsonl: no such file\n"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("agentrl.tasks.io") is None,
+                    reason="agentrl.tasks.io not written yet")
+def test_tasks_export_real(tmp_path):
+    out = tmp_path / "heldout.jsonl"
+    res = run_cli(["tasks", "export", "builtin:heldout", str(out)], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert len(out.read_text().splitlines()) > 0
+    res = run_cli(["tasks", "export", str(tmp_path / "nope.jsonl"), str(out)], tmp_path)
+    assert res.returncode == 2 and res.stderr.startswith("error: ")

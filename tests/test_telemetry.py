@@ -1,0 +1,212 @@
+"""Telemetry: sinks survive failures; progress line, tables and report render anywhere."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+import types
+
+import pytest
+
+from agentrl.runtime.env import CACHE_DIRS, set_default_env
+from agentrl.telemetry.metrics import MetricsSink, pick, ray_metric_name
+from agentrl.telemetry.progress import ProgressLine, eval_table, format_step
+from agentrl.telemetry.report import read_metrics, write_report
+
+STEP = {"train/success": 0.41, "train/progress": 0.55, "train/reward_std": 0.32,
+        "perf/tokens_per_s": 1234.0, "time/generate": 5.1, "time/learn": 2.0, "time/sync": 0.1,
+        "train/policy_lag": 0}
+
+
+def tb_scalars(path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tensorboard.util import tensor_util
+
+    acc = EventAccumulator(str(path))
+    acc.Reload()
+    out = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    # tensorboard.summary.Writer writes new-style summaries: tensors tagged with the scalars plugin
+    for tag in acc.Tags()["tensors"]:
+        assert acc.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
+        out[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+                    for e in acc.Tensors(tag)]
+    return out
+
+
+def test_sink_writes_jsonl_and_tensorboard(tmp_path):
+    with MetricsSink(tmp_path, None, "r") as sink:
+        sink.log(1, {"train/success": 0.25, "n": 3, "flag": True, "note": "text",
+                     "x": float("nan")})
+        sink.log(2, {"train/success": 0.5})
+    lines = [json.loads(t) for t in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2]
+    assert lines[0]["train/success"] == 0.25 and lines[0]["n"] == 3.0 and lines[0]["flag"] == 1.0
+    assert "note" not in lines[0] and lines[0]["x"] is None  # strings dropped, NaN -> null
+    assert all(isinstance(r["time"], float) and r["elapsed_s"] >= 0 for r in lines)
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert tb_scalars(tmp_path / "tb")["train/success"] == [(1, 0.25), (2, 0.5)]
+
+
+def test_sink_appends_and_respects_config(tmp_path):
+    cfg = types.SimpleNamespace(jsonl=True, tensorboard=False, ray_metrics=False)
+    for step in (1, 2):
+        with MetricsSink(tmp_path, cfg, "r") as sink:
+            sink.log(step, {"a": step})
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+    assert not (tmp_path / "tb").exists()
+
+
+def test_sink_falls_back_to_tensorboard_writer(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import now fails
+    with MetricsSink(tmp_path, None, "r") as sink:
+        assert type(sink._tb).__module__.startswith("tensorboard.summary")
+        sink.log(3, {"loss": 1.5})
+    assert tb_scalars(tmp_path / "tb")["loss"] == [(3, 1.5)]
+
+
+def test_failing_sink_warns_once_and_others_continue(tmp_path, caplog):
+    class Broken:
+        def add_scalar(self, *a):
+            raise OSError("disk full")
+
+        def flush(self):
+            pass
+
+        def close(self):
+            raise OSError("disk full")
+
+    sink = MetricsSink(tmp_path, None, "r")
+    sink._tb.close()
+    sink._tb = Broken()
+    with caplog.at_level(logging.WARNING, logger="agentrl.telemetry.metrics"):
+        for step in range(3):
+            sink.log(step, {"a": 1.0})
+        sink.close()
+    warnings = [r for r in caplog.records if "tensorboard" in r.getMessage()]
+    assert len(warnings) == 1 and "disk full" in warnings[0].getMessage()
+    assert len(read_metrics(tmp_path / "metrics.jsonl")) == 3
+
+
+def test_ray_gauges_created_lazily_with_run_tag(tmp_path, monkeypatch):
+    made: dict[str, "FakeGauge"] = {}
+
+    class FakeGauge:
+        def __init__(self, name, description="", tag_keys=None):
+            self.name, self.tag_keys, self.values = name, tag_keys, []
+            made[name] = self
+
+        def set(self, value, tags=None):
+            self.values.append((value, tags))
+
+    ray = types.ModuleType("ray")
+    ray.is_initialized = lambda: True
+    metrics_mod = types.ModuleType("ray.util.metrics")
+    metrics_mod.Gauge = FakeGauge
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.util", types.ModuleType("ray.util"))
+    monkeypatch.setitem(sys.modules, "ray.util.metrics", metrics_mod)
+    cfg = types.SimpleNamespace(jsonl=False, tensorboard=False, ray_metrics=True)
+    with MetricsSink(tmp_path, cfg, "run-1") as sink:
+        sink.log(1, {"train/success": 0.5, "time/gen-s": 2.0})
+        sink.log(2, {"train/success": 0.75})
+    assert sorted(made) == ["agentrl_time_gen_s", "agentrl_train_success"]
+    assert made["agentrl_train_success"].tag_keys == ("run",)
+    tags = {"run": "run-1"}
+    assert made["agentrl_train_success"].values == [(0.5, tags), (0.75, tags)]
+    ray.is_initialized = lambda: False  # Ray down: gauges are skipped, nothing raises
+    with MetricsSink(tmp_path, cfg, "run-1") as sink:
+        sink.log(3, {"other": 1.0})
+    assert "agentrl_other" not in made
+
+
+def test_ray_metric_name():
+    assert ray_metric_name("eval/success@start") == "agentrl_eval_success_start"
+
+
+def test_progress_line_plain_prints_one_line_per_step():
+    out = io.StringIO()
+    with ProgressLine(3, file=out) as line:
+        assert not line.live
+        for step in (1, 2, 3):
+            line.update(step, STEP)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and lines[0].startswith("step 1/3 | ")
+    assert lines[2] == ("step 3/3 | success 0.41 | progress 0.55 | reward std 0.32 | 1.2k tok/s | "
+                        "gen 5.1s learn 2.0s sync 0.1s | lag 0")
+
+
+def test_format_step_leaves_out_missing_fields():
+    assert format_step(2, 20, {"success": 0.5}) == "step 2/20 | success 0.50"
+    assert format_step(7, None, {}) == "step 7"
+    assert pick({"progress": "bad"}, "progress") is None
+
+
+def test_eval_table_plain():
+    out = io.StringIO()
+    text = eval_table("held-out eval", {
+        "start": {"success": 0.125, "progress": 0.4, "mean calls": 2.5, "episodes": 32},
+        "end": {"success": 0.5, "progress": 0.75, "episodes": 32},
+    }, file=out)
+    assert out.getvalue().strip() == text
+    rows = text.splitlines()
+    assert rows[0] == "held-out eval"
+    assert rows[1].split() == ["success", "progress", "mean", "calls", "episodes"]
+    assert rows[2].split() == ["start", "0.125", "0.400", "2.500", "32"]
+    assert rows[3].split() == ["end", "0.500", "0.750", "-", "32"]
+
+
+def test_report_from_metrics(tmp_path):
+    with MetricsSink(tmp_path, types.SimpleNamespace(jsonl=True, tensorboard=False,
+                                                     ray_metrics=False), "r") as sink:
+        for step in range(1, 6):
+            sink.log(step, {**STEP, "train/success": step / 10})
+    with open(tmp_path / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 6, "train/succ')  # torn last line
+    path = write_report(tmp_path)
+    assert path == tmp_path / "report.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("content", [None, "", "not json\n[1,2]\n"])
+def test_report_without_data(tmp_path, content):
+    if content is not None:
+        (tmp_path / "metrics.jsonl").write_text(content)
+    assert write_report(tmp_path).stat().st_size > 0
+
+
+def test_set_default_env(tmp_path, monkeypatch):
+    for var in ["AGENTRL_CACHE", "HF_HUB_OFFLINE", "DS_ACCELERATOR", *CACHE_DIRS]:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", "/elsewhere/hf")  # what the user set wins
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU visible -> CPU DeepSpeed
+    root = set_default_env(tmp_path)
+    import os
+
+    assert root == tmp_path.resolve() / ".cache"
+    assert os.environ["AGENTRL_CACHE"] == str(root)
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert os.environ["HF_HOME"] == "/elsewhere/hf"
+    assert os.environ["VLLM_CACHE_ROOT"] == str(root / "vllm")
+    assert os.environ["MPLCONFIGDIR"] == str(root / "matplotlib")
+    assert os.environ["DS_ACCELERATOR"] == "cpu"
+    assert not root.exists()  # nothing created just by setting defaults
+
+
+def test_progress_line_live_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Terminal()
+    with ProgressLine(2, file=out) as line:
+        assert line.live
+        line.update(1, STEP)
+        line.update(2, {"success": 1.0})
+    assert "step 2/2 | success 1.00" in out.getvalue()
+    out = Terminal()
+    with ProgressLine(2, file=out, live=False) as line:  # telemetry.progress: false
+        line.update(1, {})
+    assert out.getvalue() == "step 1/2\n"
