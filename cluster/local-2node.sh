@@ -9,10 +9,15 @@
 # filesystem, so a model built by `agentrl make-model` under ./.cache is visible to both.
 # Settings (environment variables, defaults in brackets):
 #   RAY_PORT [6379]        GCS port of the head          DASHBOARD_PORT [8265]  dashboard/job API port
-#   HEAD_CPUS [1]          CPUs the head advertises      WORKER_CPUS [1]        CPUs the worker advertises
+#   HEAD_CPUS [2]          CPUs the head advertises      WORKER_CPUS [2]        CPUs the worker advertises
+#                          (logical CPUs: Ray only counts them, so 2 + 2 on a 2-core machine is fine)
+#   AGENT_PORT [52370]     dashboard-agent HTTP port of the head; the worker takes AGENT_PORT+1.
+#                          (Ray's default, 52365, can only serve one node per machine and is the
+#                          one an embedded `agentrl train` / `make test` Ray uses.)
 #   RAY_TMPDIR [/tmp/agentrl-ray-cluster]  Ray session/log folder (kept apart from embedded runs)
 #   RAY_AUTH_MODE [token]  Ray 2.60 token auth; the token lives in ~/.ray/auth_token (created if absent).
-#                          `disabled` turns it off (fine here: everything listens on 127.0.0.1 only).
+#                          `disabled` turns it off: only on a machine no one else can reach, since
+#                          the dashboard binds 127.0.0.1 but Ray's GCS port listens on every interface.
 #   RAY [.venv/bin/ray, else `ray` on PATH]
 # Custom resources: the head advertises {"learner": 1}, the worker {"rollout": 1}. They show in
 # `ray status` and any actor can target them with .options(resources=...). agentrl itself places
@@ -25,12 +30,16 @@ cd "$ROOT"  # Ray workers start in the raylet's folder: the repo root, like `mak
 if [[ -z "${RAY:-}" ]]; then
   if [[ -x "$ROOT/.venv/bin/ray" ]]; then RAY="$ROOT/.venv/bin/ray"; else RAY="ray"; fi
 fi
+# Job entrypoints run with the raylets' PATH: put the ray CLI's folder (the venv's bin/, with the
+# `agentrl` console script) first so `ray job submit -- agentrl train ...` finds it.
+if [[ "$RAY" == */* ]]; then export PATH="$(cd "$(dirname "$RAY")" && pwd):$PATH"; fi
 command -v "$RAY" >/dev/null 2>&1 || { echo "error: no ray CLI ($RAY); run \`make install\` first" >&2; exit 1; }
 
 RAY_PORT="${RAY_PORT:-6379}"
 DASHBOARD_PORT="${DASHBOARD_PORT:-8265}"
-HEAD_CPUS="${HEAD_CPUS:-1}"
-WORKER_CPUS="${WORKER_CPUS:-1}"
+HEAD_CPUS="${HEAD_CPUS:-2}"
+WORKER_CPUS="${WORKER_CPUS:-2}"
+AGENT_PORT="${AGENT_PORT:-52370}"
 export RAY_TMPDIR="${RAY_TMPDIR:-/tmp/agentrl-ray-cluster}"
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 # Same offline/cache settings as the Makefile; actors inherit the raylets' environment.
@@ -80,23 +89,35 @@ wait_nodes() {  # until N alive nodes (or give up after ~60 s)
 start_node head --head --node-ip-address 127.0.0.1 --port "$RAY_PORT" \
   --num-cpus "$HEAD_CPUS" --resources '{"learner": 1}' \
   --include-dashboard true --dashboard-host 127.0.0.1 --dashboard-port "$DASHBOARD_PORT" \
-  --temp-dir "$RAY_TMPDIR"
+  --dashboard-agent-listen-port "$AGENT_PORT" --temp-dir "$RAY_TMPDIR"
 wait_nodes 1
 start_node worker --address "$ADDRESS" --node-ip-address 127.0.0.1 \
-  --num-cpus "$WORKER_CPUS" --resources '{"rollout": 1}'
+  --num-cpus "$WORKER_CPUS" --resources '{"rollout": 1}' \
+  --dashboard-agent-listen-port "$((AGENT_PORT + 1))"
 wait_nodes 2
 
+# Cross-node recipe: rollout worker and learner each ask for a whole node's CPUs, so they cannot
+# share a node (only printed when the node sizes allow it).
+SPLIT=$(( HEAD_CPUS < WORKER_CPUS ? HEAD_CPUS : WORKER_CPUS ))
+BIG=$(( HEAD_CPUS > WORKER_CPUS ? HEAD_CPUS : WORKER_CPUS ))
+
 cat <<MSG
-Ray cluster up: 2 nodes on this machine (head ${HEAD_CPUS} CPU + {"learner": 1}, worker ${WORKER_CPUS} CPU + {"rollout": 1}).
-  RAY_ADDRESS=$ADDRESS            (GCS; auth mode: $RAY_AUTH_MODE)
-  dashboard / job API: http://127.0.0.1:$DASHBOARD_PORT
-Run a driver here against it (agentrl joins \$RAY_ADDRESS instead of starting its own Ray):
+Ray cluster up: 2 nodes on this machine (head: ${HEAD_CPUS} CPU + {"learner": 1}; worker: ${WORKER_CPUS} CPU + {"rollout": 1}).
+Clients need the address and the same auth mode (token: read from ~/.ray/auth_token):
   export RAY_ADDRESS=$ADDRESS RAY_AUTH_MODE=$RAY_AUTH_MODE
-  agentrl train configs/quickstart.yaml
-or submit it as a Ray job (the repo is uploaded as the job's working dir; .gitignore'd paths such
-as .cache/ are left out, so point model.path at the absolute path of a model built here):
-  RAY_AUTH_MODE=$RAY_AUTH_MODE ray job submit --address http://127.0.0.1:$DASHBOARD_PORT --working-dir . -- \\
+  ray status                                   # nodes and resources
+  agentrl train configs/quickstart.yaml        # a driver here joins \$RAY_ADDRESS
+MSG
+if (( 2 * SPLIT > BIG )); then
+  cat <<MSG
+  # rollout worker and learner on different nodes (each takes a whole node's CPUs):
+  agentrl train configs/quickstart.yaml runtime.rollout_worker_cpus=$SPLIT runtime.learner_cpus=$SPLIT runtime.simulator_cpus=0
+MSG
+fi
+cat <<MSG
+As a Ray job instead (the repo is uploaded as its working dir without .gitignore'd paths such as
+.cache/, so give model.path as an absolute path):
+  ray job submit --address http://127.0.0.1:$DASHBOARD_PORT --working-dir . -- \\
     agentrl train configs/quickstart.yaml model.path=$AGENTRL_CACHE/models/tiny-agent
-  ray status --address $ADDRESS        # nodes and resources
-Stop it with cluster/stop.sh.
+Dashboard: http://127.0.0.1:$DASHBOARD_PORT   Stop: cluster/stop.sh
 MSG

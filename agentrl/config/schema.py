@@ -197,7 +197,7 @@ class TelemetryConfig(Section):
 class RuntimeConfig(Section):
     # Ray cluster to join; null = $RAY_ADDRESS if set, else start an embedded cluster.
     ray_address: NonEmptyStr | None = None
-    # CPUs of the embedded cluster; null = all of this machine's.
+    # CPUs of the embedded cluster; null = this machine's, or more if the actors ask for more.
     num_cpus: PosInt | None = None
     # CPUs reserved per rollout worker actor.
     rollout_worker_cpus: NonNegFloat = 1.0
@@ -205,6 +205,10 @@ class RuntimeConfig(Section):
     learner_cpus: NonNegFloat = 1.0
     # CPUs reserved per simulator actor.
     simulator_cpus: NonNegFloat = 0.1
+    # GPUs per rollout worker actor (its vLLM engine); 0 on CPU machines.
+    rollout_worker_gpus: NonNegFloat = 0.0
+    # GPUs for the learner actor (its DeepSpeed engine); 0 on CPU machines.
+    learner_gpus: NonNegFloat = 0.0
     # How new weights reach the rollout engines: Ray object store or NCCL broadcast (GPU only).
     weight_sync: Literal["object_store", "nccl"] = "object_store"
 

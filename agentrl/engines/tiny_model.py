@@ -45,11 +45,12 @@ class TinyModelRecipe:
     num_heads: int = 6  # head dim 32
     intermediate_size: int = 512
     max_positions: int = 2048
-    sft_tasks: int = 1600  # generated beyond the 400 train seeds (disjoint from held-out)
-    sft_steps: int = 260
+    sft_tasks: int = 2400  # generated beyond the 400 train seeds (disjoint from held-out)
+    sft_steps: int = 450
     sft_batch: int = 16
-    sft_lr: float = 1e-3  # with 30-step warmup and cosine decay (STACK.md)
+    sft_lr: float = 2e-3  # peak; 30-step warmup, cosine decay to sft_min_lr_ratio * peak
     sft_warmup: int = 30
+    sft_min_lr_ratio: float = 0.1
     version: int = 1  # bump when the recipe's meaning changes, to invalidate caches
 
 
@@ -113,7 +114,8 @@ def _lr_at(step: int, recipe: TinyModelRecipe) -> float:
     if step < recipe.sft_warmup:
         return recipe.sft_lr * (step + 1) / recipe.sft_warmup
     progress = (step - recipe.sft_warmup) / max(1, recipe.sft_steps - recipe.sft_warmup)
-    return recipe.sft_lr * 0.5 * (1 + math.cos(math.pi * progress))
+    floor = recipe.sft_min_lr_ratio
+    return recipe.sft_lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def sft(model, sequences, recipe: TinyModelRecipe, pad_id: int, log=print) -> list[float]:
@@ -144,7 +146,7 @@ def sft(model, sequences, recipe: TinyModelRecipe, pad_id: int, log=print) -> li
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if step % 20 == 0 or step == recipe.sft_steps - 1:
             log(f"  sft step {step + 1}/{recipe.sft_steps}  loss {loss.item():.4f}  ({time.time() - t0:.0f}s)")
     model.eval()

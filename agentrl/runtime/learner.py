@@ -66,6 +66,27 @@ class LearnerActor:
         """The current weights as a safetensors blob in the object store (wrapped ref)."""
         return [ray.put(self.learner.weights_blob())]
 
+    # ---- runtime.weight_sync=nccl (see agentrl.runtime.weight_sync_nccl; GPU only)
+    def nccl_endpoint(self) -> tuple[str, int]:
+        """(node IP, free port) for the rendezvous this actor hosts as NCCL rank 0."""
+        from agentrl.runtime.weight_sync_nccl import NcclSender
+
+        return NcclSender.endpoint()
+
+    def nccl_init(self, master_address: str, master_port: int, world_size: int, packed: bool = True,
+                  buffer_bytes: int | None = None, num_buffers: int | None = None) -> dict:
+        """Join the weight-transfer group as rank 0; returns the weight metadata (names, dtypes, shapes)."""
+        from agentrl.runtime.weight_sync_nccl import NcclSender
+
+        self._nccl = NcclSender(self.learner)
+        return self._nccl.init(master_address, master_port, world_size, packed, buffer_bytes, num_buffers)
+
+    def nccl_broadcast(self) -> float:
+        """Broadcast the current weights to every engine worker (which must be receiving)."""
+        if getattr(self, "_nccl", None) is None:
+            raise RuntimeError("weight sync: nccl_init must run before nccl_broadcast")
+        return self._nccl.broadcast()
+
     def compute_logprobs(self, input_ids: list[list[int]]) -> list[list[float]]:
         return self.learner.compute_logprobs(input_ids)
 

