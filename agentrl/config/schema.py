@@ -2,7 +2,8 @@
 
 Every section is a pydantic model with ``extra="forbid"`` so a misspelt key is an error, not a
 silently ignored setting. Every field has a default, so an empty file is a valid config, and a
-one-line comment above it; those comments are the configuration reference in the README.
+one-line comment above it; those comments are the configuration reference (docs/configuration.md,
+rendered by agentrl.config.reference).
 
 Numbers and booleans are *strict*: YAML already yields real ints, floats and bools, so a value
 such as ``group_size: true`` or ``lr: "fast"`` is a mistake we report rather than coerce. Strings

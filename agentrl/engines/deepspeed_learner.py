@@ -94,6 +94,10 @@ class DeepSpeedLearner:
     def __init__(self, model_path: str, learner_cfg: Any, algo_cfg: Any, dtype: str = "float32", seed: int = 0):
         _setup_single_process_env()
         import deepspeed  # after the env is set: the accelerator is chosen at import
+        import logging
+
+        # DeepSpeed logs its whole config at INFO on every initialize; keep warnings and errors.
+        deepspeed.utils.logger.setLevel(logging.WARNING)
         from deepspeed.accelerator import get_accelerator
         from transformers import AutoModelForCausalLM
 

@@ -172,19 +172,20 @@ class Trainer:
         self.metrics.close()
 
 
-def _init_ray(cfg: Config, run_dir: Path) -> None:
-    if ray.is_initialized():
-        return
-    if cfg.runtime.ray_address:
-        ray.init(address=cfg.runtime.ray_address, log_to_driver=True)
-        return
+def _init_ray(cfg: Config) -> bool:
+    """Connect to (or start) Ray; True when this call started/connected it and should shut it down."""
     import os
 
-    if os.environ.get("RAY_ADDRESS"):
+    if ray.is_initialized():
+        return False
+    if cfg.runtime.ray_address:
+        ray.init(address=cfg.runtime.ray_address, log_to_driver=True)
+    elif os.environ.get("RAY_ADDRESS"):
         ray.init(log_to_driver=True)  # under `ray job submit`, or a user-started cluster
-        return
-    tmp = os.environ.get("RAY_TMPDIR", "/tmp/agentrl-ray")
-    ray.init(num_cpus=_embedded_cpus(cfg), include_dashboard=True, _temp_dir=tmp, log_to_driver=True)
+    else:
+        tmp = os.environ.get("RAY_TMPDIR", "/tmp/agentrl-ray")
+        ray.init(num_cpus=_embedded_cpus(cfg), include_dashboard=True, _temp_dir=tmp, log_to_driver=True)
+    return True
 
 
 def _embedded_cpus(cfg: Config) -> int:
@@ -214,7 +215,12 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     print(f"agentrl: run {run_dir} (config {config_path or 'defaults'})", flush=True)
 
-    _init_ray(cfg, run_dir)
+    # Load torch's libraries before Ray starts: under `ray job submit --working-dir`, importing torch
+    # after ray.init() sometimes died with "oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"
+    # (4 of 17 tries), never when torch came first (0 of 8).
+    import torch  # noqa: F401
+
+    owns_ray = _init_ray(cfg)
     t_start = time.perf_counter()
     trainer = Trainer(cfg, run_dir)
     evals: dict[str, dict[str, float]] = {}
@@ -242,6 +248,8 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
         ray.get(trainer.learner.save.remote(str((run_dir / "final").resolve())))
     finally:
         trainer.shutdown()
+        if owns_ray:
+            ray.shutdown()  # before the summary, so no actor log lands after the last line
     (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))
     write_report(run_dir)
     print(f"training took {(time.perf_counter() - t_start) / 60:.1f} min; metrics in {run_dir}", flush=True)

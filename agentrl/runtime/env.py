@@ -23,6 +23,14 @@ CACHE_DIRS = {
 }
 
 
+QUIET_DEFAULTS = {
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "RAY_DEDUP_LOGS": "1",
+}
+
+
 def cuda_visible() -> bool:
     """Whether a CUDA device may be visible, decided without importing torch (that takes seconds).
 
@@ -50,4 +58,8 @@ def set_default_env(cwd: str | os.PathLike[str] | None = None) -> Path:
         os.environ.setdefault(var, str(Path(root) / sub))
     if not cuda_visible():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # The engines log every request and load at INFO level; a training run's console should show
+    # its own progress line, warnings and errors. Export the variables to get the chatter back.
+    for var, value in QUIET_DEFAULTS.items():
+        os.environ.setdefault(var, value)
     return Path(root)
