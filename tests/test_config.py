@@ -53,7 +53,8 @@ def test_quickstart_loads():
     assert cfg.run.name == "quickstart"
     assert cfg.rollout.group_size >= 2
     assert cfg.algo.advantage in schema.KNOWN_ADVANTAGES
-    assert cfg.learner.lr == pytest.approx(1e-5)
+    assert cfg.learner.lr == pytest.approx(2e-4)  # YAML "2.0e-4" must load as a float
+    assert cfg.tasks.heldout_size is None and cfg.train.max_minutes == 10
 
 
 def test_no_file_means_defaults():
