@@ -92,7 +92,7 @@ class RolloutConfig(Section):
     group_size: Annotated[int, Strict(), Field(ge=2)] = 8
     # Tasks sampled per training step; a step trains on tasks_per_step * group_size episodes.
     tasks_per_step: PosInt = 8
-    # Sampling temperature.
+    # Sampling temperature of training rollouts (engine and learner logprobs are both untempered).
     temperature: PosFloat = 1.0
     # Nucleus sampling mass; 1.0 disables it.
     top_p: Fraction = 1.0
