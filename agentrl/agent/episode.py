@@ -180,8 +180,6 @@ async def run_episode(
             termination = "max_messages"
         calls_log.append(turn_log)
         if not finished_turn:
-            if termination == "done":
-                termination = "max_messages"
             break
         t0 = time.perf_counter()
         passed.append(bool(await env.end_turn(u, results)))

@@ -71,7 +71,6 @@ class TinyModelRecipe:
 def _bare_tokenizer():
     """A byte-level tokenizer with no merges: enough to render the chat template for the corpus."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -82,9 +82,6 @@ class VLLMEngine:
         # Cached prefixes hold KV computed by the old weights.
         await self.engine.reset_prefix_cache()
 
-    async def weights_digest(self) -> list[str]:
-        return await self.engine.collective_rpc("agentrl_weights_digest")
-
     # ---- runtime.weight_sync=nccl: vLLM's native weight-transfer API (GPU only)
     def _require_nccl(self) -> None:
         if self.weight_sync != "nccl":

@@ -12,10 +12,6 @@ After that, engine and learner logprobs agree to ~1e-6. GPU builds are unaffecte
 
 from __future__ import annotations
 
-import hashlib
-
-import torch
-
 try:  # Only the CPU build has (and pre-packs with) oneDNN.
     from vllm.platforms import current_platform
 
@@ -37,12 +33,3 @@ class AgentRLWorkerExtension:
         state = load(blob)
         self.model_runner.model.load_weights(weights=list(state.items()))
         return len(state)
-
-    def agentrl_weights_digest(self) -> str:
-        """A digest of the live weights, to check that every worker holds the same version."""
-        h = hashlib.sha256()
-        for name, p in sorted(self.model_runner.model.named_parameters()):
-            h.update(name.encode())
-            h.update(p.detach().float().cpu().numpy().tobytes())
-        return h.hexdigest()[:16]
-

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -144,9 +145,7 @@ class Trainer:
         n = max(1, len(outcomes))
         mean_p = sum(progress) / n
         tokens = sum(s["policy_tokens"] for s in summaries)
-        group_std = [
-            (sum((x - sum(s["progress"]) / len(s["progress"])) ** 2 for x in s["progress"]) / len(s["progress"])) ** 0.5 for s in summaries
-        ]
+        group_std = [statistics.pstdev(s["progress"]) for s in summaries]
         m = {
             "train/success": sum(outcomes) / n,
             "train/progress": mean_p,

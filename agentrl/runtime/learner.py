@@ -45,10 +45,6 @@ class LearnerActor:
         self.learner = DeepSpeedLearner(model_path, learner_cfg, algo_cfg, dtype=dtype, seed=seed)
         self.model_path = model_path
 
-    @property
-    def version(self) -> int:
-        return self.learner.version
-
     def get_version(self) -> int:
         return self.learner.version
 

@@ -144,9 +144,6 @@ class RolloutWorker:
         ep = await self._episode(task, SamplingConfig(1.0, 1.0), f"probe{tag}")
         return ep.to_dict()
 
-    async def weights_digest(self) -> list[str]:
-        return await self.engine.weights_digest()
-
     async def shutdown(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
