@@ -1,0 +1,84 @@
+"""All rewards of one finished episode (DESIGN §3), as the ``rewards`` dict the learner reads.
+
+``outcome`` and ``progress`` come from the per-turn checks; ``process`` is the HierR score R_tool
+with each component logged as ``process/<name>``; ``summary`` is R_sum (the rule scorer or an LLM
+judge), replaced by the omission penalty when the model answered a turn that needed a call
+without making one. Keys are flat floats so they can be averaged per step by telemetry.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentrl.rewards.hierr import HierRWeights, process_components, process_reward
+from agentrl.rewards.outcome import outcome_reward, progress_reward
+from agentrl.rewards.summary import OMISSION_REWARD, episode_summary_reward, is_omission
+from agentrl.tasks.schema import Task
+
+
+def predicted_turns(calls_log: list[list[dict]]) -> list[list[list[dict]]]:
+    """Episode calls log (per turn: calls with their ``step`` index) -> per turn, per step, calls."""
+    out = []
+    for turn in calls_log:
+        steps: dict[int, list[dict]] = {}
+        for c in turn:
+            steps.setdefault(int(c.get("step", 0)), []).append({"name": c["name"], "arguments": c["arguments"]})
+        out.append([steps[k] for k in sorted(steps)])
+    return out
+
+
+def gold_turns(task: Task) -> list[list[list[dict]]]:
+    return [[[{"name": c.name, "arguments": c.arguments} for c in step] for step in turn.gold] for turn in task.turns]
+
+
+def seen_context(task: Task, calls_log: list[list[dict]]) -> str:
+    """What the model saw: the user turns it reached and every observation it got."""
+    users = [t.user for t in task.turns[: max(1, len(calls_log))]]
+    observations = [json.dumps(c.get("observation"), sort_keys=True, default=str) for turn in calls_log for c in turn]
+    return "\n".join(users + observations)
+
+
+def score_episode(ep: Any, task: Task, summary: str = "rule", summary_max_chars: int = 400,
+                  weights: HierRWeights = HierRWeights()) -> dict[str, float]:
+    """Fill ``ep.rewards`` (an ``agent.episode.Episode``) and return it.
+
+    ``summary`` is "rule" or "none" here; "judge" scores are filled in by the caller (it needs an
+    endpoint), which then calls ``apply_summary``.
+    """
+    r = ep.rewards
+    r["outcome"] = outcome_reward(ep.turn_passed, ep.n_turns)
+    r["progress"] = progress_reward(ep.turn_passed, ep.n_turns)
+    pred, gold = predicted_turns(ep.calls), gold_turns(task)
+    comps = process_components(pred, gold, ep.n_call_blocks, ep.n_valid_calls)
+    r["process"] = process_reward(comps, weights)
+    r.update({f"process/{k}": float(v) for k, v in comps.items()})
+    r["omission"] = float(is_omission(pred, gold))
+    if summary == "rule":
+        facts = [list(t.answer_facts) for t in task.turns]
+        apply_summary(ep, episode_summary_reward(ep.answers, facts, seen_context(task, ep.calls), ep.n_turns, summary_max_chars))
+    return r
+
+
+def apply_summary(ep: Any, score: float) -> None:
+    """Set R_sum; an omitting episode gets the omission penalty instead (SLCA-GRPO, DESIGN §3)."""
+    ep.rewards["summary_score"] = float(score)
+    ep.rewards["summary"] = OMISSION_REWARD if ep.rewards.get("omission") else float(score)
+
+
+def step_rewards(turn_passed: list[bool], n_turns: int, step_turns: list[int], kind: str) -> list[float]:
+    """Per-step rewards whose sum is the episode reward: for ``progress`` 1/n_turns at the last
+    step of each passed turn; for ``outcome`` 1 at the last step when every turn passed."""
+    out = [0.0] * len(step_turns)
+    if not step_turns:
+        return out
+    if kind == "outcome":
+        out[-1] = outcome_reward(turn_passed, n_turns)
+        return out
+    if kind != "progress":
+        raise ValueError(f"unknown reward kind {kind!r}; expected progress or outcome")
+    last_step_of = {u: k for k, u in enumerate(step_turns)}
+    for u, passed in enumerate(turn_passed):
+        if passed and u in last_step_of:
+            out[last_step_of[u]] += 1.0 / n_turns
+    return out
