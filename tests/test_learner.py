@@ -193,3 +193,66 @@ def test_ppo_epochs_bf16_and_save(model_dir, batch, tmp_path):
         assert learner.train_step(empty)["skipped"] == 1.0
     finally:
         learner.close()
+
+
+def test_ppo_critic_learns_values_and_drives_the_policy(model_dir, batch):
+    """advantage=ppo: token rewards -> critic values -> GAE -> policy step, and the critic's own
+    DeepSpeed engine takes a step on the clipped value loss (its loss falls on a repeated batch)."""
+    from agentrl.algos.critic import gae
+    from agentrl.config.schema import CriticConfig
+    from agentrl.engines.deepspeed_learner import DeepSpeedLearner
+
+    algo = AlgoConfig(advantage="ppo", kl_coef=0.0, critic=CriticConfig(lr=1e-2, gamma=1.0, lam=1.0, whiten_advantages=False))
+    learner = DeepSpeedLearner(model_dir, LearnerConfig(zero_stage=1, lr=LR, micro_batch_size=2), algo, "float32", seed=0)
+    try:
+        # reward +1 on the last token of sequences 0 and 2, -1 on 1 and 3 (like ADV)
+        rewards = [[0.0] * (len(s) - 1) + [a] for s, a in zip(batch["input_ids"], ADV)]
+        ppo_batch = {k: v for k, v in batch.items() if k != "advantages"} | {"token_rewards": rewards}
+        ids, attn, mask, tr = pad_batch(batch["input_ids"], 0, batch["response_mask"], rewards)
+        v0 = learner.critic.values(ids, attn)
+        adv0, _ = gae(tr, v0, mask.bool(), 1.0, 1.0)
+        before = learner.compute_logprobs(batch["input_ids"])
+        first = learner.train_step(ppo_batch)
+        after = learner.compute_logprobs(batch["input_ids"])
+        assert {"critic/loss", "critic/value_mean", "critic/explained_var"} <= set(first)
+        assert not torch.equal(learner.critic.values(ids, attn), v0)  # the critic stepped
+        deltas = [a - b for a, b in zip(_summed(after, batch["response_mask"]), _summed(before, batch["response_mask"]))]
+        # the policy follows the sign of the GAE advantage of each sequence's tokens
+        signs = [float(adv0[i][mask[i].bool()].mean()) for i in range(len(ADV))]
+        assert all(d > 0 if s > 0 else d < 0 for d, s in zip(deltas, signs)), (deltas, signs)
+        losses = [first["critic/loss"]] + [learner.train_step(ppo_batch)["critic/loss"] for _ in range(3)]
+        assert losses[-1] < losses[0], losses
+    finally:
+        learner.close()
+
+
+def test_entropy_bonus_raises_entropy_with_zero_advantages(model_dir, batch):
+    from agentrl.engines.deepspeed_learner import DeepSpeedLearner
+
+    zero_adv = batch | {"advantages": [[0.0] * len(s) for s in batch["input_ids"]]}
+    algo = AlgoConfig(kl_coef=0.0, entropy_coef=1.0)
+    learner = DeepSpeedLearner(model_dir, LearnerConfig(zero_stage=0, lr=1e-2, micro_batch_size=4), algo, "float32", seed=0)
+    try:
+        m1 = learner.train_step(zero_adv)
+        m2 = learner.train_step(zero_adv)
+        assert m1["pg_loss"] == 0.0 and m1["entropy_bonus"] > 0
+        assert m2["entropy"] > m1["entropy"]  # only the bonus moved the policy
+    finally:
+        learner.close()
+
+
+def test_reference_logprobs_are_the_initial_policy(model_dir, batch):
+    from agentrl.engines.deepspeed_learner import DeepSpeedLearner
+
+    learner = DeepSpeedLearner(model_dir, LearnerConfig(zero_stage=0, lr=1e-2, micro_batch_size=4),
+                               AlgoConfig(kl_coef=0.01, kl_in="reward"), "float32", seed=0)
+    try:
+        ref = learner.reference_logprobs(batch["input_ids"])
+        for a, b in zip(ref, learner.compute_logprobs(batch["input_ids"])):
+            torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+        m = learner.train_step(batch)
+        assert m["kl"] == 0.0  # KL is in the reward, not in the loss
+        moved = learner.compute_logprobs(batch["input_ids"])
+        assert learner.reference_logprobs(batch["input_ids"]) == ref and moved != ref
+    finally:
+        learner.close()

@@ -13,6 +13,7 @@ start and ``--policy gold`` plug in a scripted policy and a local session.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -70,6 +71,15 @@ class Episode:
     group_id: str = ""
     gen_seconds: float = 0.0
     env_seconds: float = 0.0
+    # One entry per assistant message ("step"): its policy-token range [start, end), the user turn
+    # it belongs to, and the environment state it started from (a hash of every token the
+    # environment injected so far: prompt, observations, user turns). GiGPO groups steps by it.
+    step_spans: list[list[int]] = field(default_factory=list)
+    step_turns: list[int] = field(default_factory=list)
+    step_states: list[str] = field(default_factory=list)
+    # Per turn reached: the text of the message that closed it without a call (None if it never
+    # closed). The summary reward scores these.
+    answers: list[str | None] = field(default_factory=list)
 
     @property
     def n_policy_tokens(self) -> int:
@@ -105,8 +115,15 @@ class _Stream:
         self.mask = [0] * len(prompt)
         self.logprobs = [0.0] * len(prompt)
         self.segments = [SEG_ENV] * len(prompt)
+        self._env_hash = hashlib.blake2b(digest_size=8)
+        self._env_hash.update(repr(list(prompt)).encode())
+
+    def state_key(self) -> str:
+        """Hash of the observation history (all environment-injected tokens so far)."""
+        return self._env_hash.hexdigest()
 
     def add_env(self, ids: list[int]) -> None:
+        self._env_hash.update(repr(list(ids)).encode())
         self.ids += ids
         self.mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
@@ -132,6 +149,10 @@ async def run_episode(
     prompt_len = len(stream.ids)
     passed: list[bool] = []
     calls_log: list[list[dict]] = []
+    answers: list[str | None] = []
+    spans: list[list[int]] = []
+    step_turns: list[int] = []
+    step_states: list[str] = []
     n_blocks = n_valid = 0
     termination = "done"
     gen_s = env_s = 0.0
@@ -145,7 +166,8 @@ async def run_episode(
         results: list[tuple[ToolCall, Any]] = []
         turn_log: list[dict] = []
         finished_turn = False
-        for _ in range(limits.max_assistant_messages_per_turn):
+        answer: str | None = None
+        for step in range(limits.max_assistant_messages_per_turn):
             budget = min(limits.max_new_tokens, limits.max_episode_tokens - len(stream.ids))
             if budget <= 0:
                 termination = "max_tokens"
@@ -157,6 +179,9 @@ async def run_episode(
             body = gen.token_ids[:-1] if ended else gen.token_ids
             parsed: ParsedMessage = parse_assistant(formatter.tokenizer.decode(body), known_tools=known)
             segment = SEG_TOOL if parsed.has_call_attempt else SEG_SUMMARY
+            step_states.append(stream.state_key())
+            spans.append([len(stream.ids), len(stream.ids) + len(gen.token_ids)])
+            step_turns.append(u)
             stream.add_policy(gen.token_ids, gen.logprobs, segment)
             n_blocks += parsed.n_blocks
             n_valid += parsed.n_valid
@@ -166,19 +191,21 @@ async def run_episode(
                 break
             if not parsed.has_call_attempt:
                 finished_turn = True
+                answer = parsed.content
                 break
             t0 = time.perf_counter()
             observations = await env.execute(parsed.calls) if parsed.calls else []
             env_s += time.perf_counter() - t0
             for call, obs in zip(parsed.calls, observations):
                 results.append((call, obs))
-                turn_log.append({"name": call.name, "arguments": call.arguments, "observation": obs})
+                turn_log.append({"name": call.name, "arguments": call.arguments, "observation": obs, "step": step})
             # Malformed blocks still get an answer, so the model sees its mistake.
             observations = list(observations) + [{"error": e} for e in parsed.errors]
             stream.add_env(formatter.delta_ids([{"role": "tool", "content": observation_text(o)} for o in observations]))
         else:
             termination = "max_messages"
         calls_log.append(turn_log)
+        answers.append(answer)
         if not finished_turn:
             break
         t0 = time.perf_counter()
@@ -200,4 +227,8 @@ async def run_episode(
         termination=termination,
         gen_seconds=gen_s,
         env_seconds=env_s,
+        step_spans=spans,
+        step_turns=step_turns,
+        step_states=step_states,
+        answers=answers,
     )

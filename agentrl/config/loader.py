@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import typing
 from collections.abc import Sequence
 from os import PathLike
 from typing import Any
@@ -231,7 +232,7 @@ def _fill_empty_sections(data: dict, model: type[BaseModel]) -> None:
         section = _section(model, name)
         if section is None or name not in data:
             continue
-        if data[name] is None:
+        if data[name] is None and model.model_fields[name].default is not None:  # optional: null = off
             data[name] = {}
         if isinstance(data[name], dict):
             _fill_empty_sections(data[name], section)
@@ -249,6 +250,11 @@ def _explain(err: ValidationError, file: str | None, lines: dict[Loc, int],
             problem = _unknown(loc[-1], _model_at(loc[:-1]))
         elif e["type"] == "value_error":
             problem = str(e["ctx"]["error"])
+            # Cross-field checks (model validators) report on their section; their messages start
+            # with the offending "section.key=value", so locate that key instead.
+            named = _NAMED_KEY.match(problem)
+            if named:
+                loc = tuple(named.group(1).split("."))
         else:
             problem = f"{e['msg']} (got {_show(e['input'])})"
         line, override = None, None
@@ -262,16 +268,28 @@ def _explain(err: ValidationError, file: str | None, lines: dict[Loc, int],
         where = file or "<defaults>"
         where = f"{where}:{line}" if line else where
         tail = f"; set by override '{_clip(override)}'" if override is not None else ""
-        found.append((line, _dotted(loc), f"{where}: {_dotted(loc)}: {problem}{tail}"))
+        shown = problem if named_key_message(problem, loc) else f"{_dotted(loc)}: {problem}"
+        found.append((line, _dotted(loc), f"{where}: {shown}{tail}"))
     found.sort(key=lambda f: (f[0] is None, f[0] or 0))  # file order first, then overrides
     line, key, _ = found[0]
     return ConfigError("\n".join(f[2] for f in found), key=key, file=file, line=line)
 
 
+_NAMED_KEY = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+)=")
+
+
+def named_key_message(problem: str, loc: Loc) -> bool:
+    """True when ``problem`` already starts with ``<loc>=`` (no need to repeat the key)."""
+    return bool(loc) and problem.startswith(_dotted(loc) + "=")
+
+
 def _section(model: type[BaseModel], name: str) -> type[BaseModel] | None:
-    """The model class of field ``name`` when it is a sub-section, else None."""
+    """The model class of field ``name`` when it is a sub-section (or an optional one), else None."""
     ann = model.model_fields[name].annotation
-    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    for candidate in (ann, *typing.get_args(ann)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
 
 
 def _model_at(loc: Loc) -> type[BaseModel] | None:

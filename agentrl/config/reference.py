@@ -175,15 +175,23 @@ def _cell(text: str, prose: bool = False) -> str:
 
 # ------------------------------------------------------------------------------ rendering
 
+def section_model(annotation: Any) -> type[BaseModel] | None:
+    """The section model of a field: ``Section`` or an optional ``Section | None``; else None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
 def _sections(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[BaseModel]]]:
-    """(dotted name, model) of every section under ``model``, depth first in field order."""
+    """(dotted name, model) of every section (optional ones too) under ``model``, depth first."""
     out: list[tuple[str, type[BaseModel]]] = []
     for name, field in model.model_fields.items():
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
+        sub = section_model(field.annotation)
+        if sub is not None:
             dotted = f"{prefix}{name}"
-            out.append((dotted, ann))
-            out += _sections(ann, dotted + ".")
+            out.append((dotted, sub))
+            out += _sections(sub, dotted + ".")
     return out
 
 
@@ -201,9 +209,9 @@ def render() -> str:
         for name, field in model.model_fields.items():
             ann = field.annotation
             meaning = comments.get((model.__name__, name), "")
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
+            if section_model(ann) is not None:
                 meaning = f"{meaning} See [`{dotted}.{name}`](#{dotted.replace('.', '')}{name})."
-                default = "—"
+                default = "—" if field.default is not None else "`null`"
             else:
                 default = f"`{format_value(field.get_default(call_default_factory=True))}`"
             kind = describe_type(ann, list(field.metadata))

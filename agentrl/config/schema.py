@@ -18,12 +18,11 @@ from __future__ import annotations
 import difflib
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
-# Advantage estimators the ``algo.advantage`` field accepts. The algos registry replaces or
-# extends this set (rebind ``schema.KNOWN_ADVANTAGES`` or mutate it); validation reads the module
-# global at call time, so the config package never has to import the (torch-using) algos.
-KNOWN_ADVANTAGES: set[str] = {"grpo", "dr_grpo", "rloo"}
+# Advantage estimators ``algo.advantage`` accepts: the ones ``agentrl.runtime.batching`` builds
+# (tests/test_batching.py checks the two agree). Kept here so validating a config needs no torch.
+KNOWN_ADVANTAGES: set[str] = {"grpo", "dr_grpo", "rloo", "gigpo", "ppo", "slca"}
 
 # Reusable strict field types. ``allow_inf_nan=False``: a NaN learning rate is never intended.
 NonNegInt = Annotated[int, Strict(), Field(ge=0)]
@@ -33,6 +32,7 @@ PosFloat = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)]  # (0, 1]
 OpenUnit = Annotated[float, Strict(), Field(gt=0, lt=1, allow_inf_nan=False)]  # (0, 1)
 Beta = Annotated[float, Strict(), Field(ge=0, lt=1, allow_inf_nan=False)]  # [0, 1)
+Unit = Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)]  # [0, 1]
 Bool = Annotated[bool, Strict()]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 
@@ -120,11 +120,41 @@ class BufferConfig(Section):
     capacity_groups: PosInt = 512
 
 
+class GiGPOConfig(Section):
+    # Weight omega of the step-level advantage: A = A_episode + omega * A_step (GiGPO paper; DESIGN §4).
+    omega: NonNegFloat = 1.0
+    # Discount gamma of the step returns inside an episode (GiGPO paper; DESIGN §4).
+    gamma: Unit = 0.95
+
+
+class SLCAConfig(Section):
+    # Weight of the tool-segment advantage, applied after z-scoring R_tool (SLCA-GRPO; DESIGN §4).
+    lam_tool: NonNegFloat = 1.0
+    # Weight of the summary-segment advantage, applied after z-scoring R_sum.
+    lam_sum: NonNegFloat = 1.0
+
+
+class CriticConfig(Section):
+    # Initial weights of the value model (a causal LM with a scalar head); null = model.path.
+    path: NonEmptyStr | None = None
+    # AdamW learning rate of the critic (its own DeepSpeed engine in the learner actor).
+    lr: NonNegFloat = 1e-5
+    # GAE discount over the policy tokens of an episode.
+    gamma: Unit = 1.0
+    # GAE lambda.
+    lam: Unit = 0.95
+    # Value clipping range around the old value; null = no clipping.
+    value_clip: PosFloat | None = 0.2
+    # Normalize advantages over the batch's policy tokens (mean 0, std 1).
+    whiten_advantages: Bool = True
+
+
 class AlgoConfig(Section):
     # Reward the advantages are computed from: "progress" (turns passed / turns, DESIGN §3; denser,
-    # as RODS uses) or "outcome" (1 only when every turn passes).
+    # as RODS uses) or "outcome" (1 only when every turn passes). SLCA uses rewards.* instead.
     reward: Literal["progress", "outcome"] = "progress"
-    # Advantage estimator: one of KNOWN_ADVANTAGES (grpo, dr_grpo, rloo, plus registered ones).
+    # Advantage estimator: grpo, dr_grpo, rloo, gigpo (episode + step groups), ppo (needs
+    # algo.critic), slca (segment-locked; needs rewards.summary).
     advantage: NonEmptyStr = "grpo"
     # Added to the group std before dividing (DESIGN §4).
     eps: PosFloat = 1e-6
@@ -132,12 +162,25 @@ class AlgoConfig(Section):
     clip_low: OpenUnit = 0.2
     # PPO ratio clip above 1: ratio <= 1 + clip_high (DAPO clip-higher).
     clip_high: OpenUnit = 0.28
-    # Weight of the KL-to-reference loss term; 0 = no KL term.
+    # Dual-clip bound c > 1 for negative advantages (Ye et al. 2020); null = off.
+    dual_clip: Annotated[float, Strict(), Field(gt=1, allow_inf_nan=False)] | None = None
+    # Weight of the KL-to-reference term; 0 = no KL and no reference model.
     kl_coef: NonNegFloat = 0.001
     # KL estimator: k1 (log-ratio) or k3 (low-variance, always >= 0).
     kl_estimator: Literal["k1", "k3"] = "k3"
+    # Where the KL goes: "loss" (a loss term) or "reward" (subtracted from the reward the
+    # advantages are computed from; per token for ppo, summed per episode otherwise).
+    kl_in: Literal["loss", "reward"] = "loss"
+    # Weight of the entropy bonus (loss -= coef * mean token entropy); 0 = off.
+    entropy_coef: NonNegFloat = 0.0
     # Cap C of the truncated importance weight min(pi_old / pi_rollout, C).
     tis_cap: PosFloat = 2.0
+    # GiGPO settings (used when advantage = gigpo).
+    gigpo: GiGPOConfig = Field(default_factory=GiGPOConfig)
+    # SLCA settings (used when advantage = slca).
+    slca: SLCAConfig = Field(default_factory=SLCAConfig)
+    # Critic for advantage = ppo; null = no critic.
+    critic: CriticConfig | None = None
 
     @field_validator("advantage")
     @classmethod
@@ -148,6 +191,14 @@ class AlgoConfig(Section):
             known = ", ".join(sorted(KNOWN_ADVANTAGES))
             raise ValueError(f"unknown advantage estimator '{value}' ({hint}known: {known})")
         return value
+
+    @model_validator(mode="after")
+    def _estimator_needs(self) -> "AlgoConfig":
+        if self.advantage == "ppo" and self.critic is None:
+            raise ValueError("algo.advantage=ppo needs a critic: set algo.critic (e.g. algo.critic.lr=1e-5)")
+        if self.advantage == "slca" and self.kl_in == "reward":
+            raise ValueError("algo.kl_in=reward is not defined for algo.advantage=slca (two rewards); use kl_in=loss")
+        return self
 
 
 class LearnerConfig(Section):
@@ -182,6 +233,49 @@ class TrainConfig(Section):
     checkpoint_every: NonNegInt = 0
     # Stop cleanly after this many minutes of wall time; null = no limit.
     max_minutes: PosFloat | None = None
+
+
+class JudgeConfig(Section):
+    # Base URL of an OpenAI-compatible endpoint, e.g. http://host:8000/v1 (a `vllm serve`).
+    base_url: NonEmptyStr
+    # Model name the endpoint serves.
+    model: NonEmptyStr
+    # Environment variable holding the API key; null = no key.
+    api_key_env: NonEmptyStr | None = None
+    # Per-request timeout in seconds.
+    timeout_s: PosFloat = 60.0
+
+
+class HierRConfig(Section):
+    # Weights of the HierR process score R_tool, renormalized to sum to 1; defaults from the
+    # SLCA-GRPO paper (DESIGN §3). Weight of format (valid call blocks / call blocks).
+    format: NonNegFloat = 0.10
+    # Weight of the multiset F1 of called vs gold tool names.
+    name_f1: NonNegFloat = 0.25
+    # Weight of the Jaccard overlap of argument keys (per gold call, best same-name call).
+    key_jaccard: NonNegFloat = 0.15
+    # Weight of the fraction of gold argument values matched (loose equality).
+    value_match: NonNegFloat = 0.20
+    # Weight of "the first step makes as many parallel calls as the gold's".
+    parallel: NonNegFloat = 0.30
+
+
+class RewardsConfig(Section):
+    # Summary reward R_sum: "rule" (required facts stated, nothing invented, length), "judge"
+    # (an LLM judge at rewards.judge), or "none" (not scored).
+    summary: Literal["rule", "judge", "none"] = "rule"
+    # Answers longer than this many characters lose summary reward (rule scorer).
+    summary_max_chars: PosInt = 400
+    # LLM judge endpoint (summary = judge).
+    judge: JudgeConfig | None = None
+    # HierR process-reward weights.
+    hierr: HierRConfig = Field(default_factory=HierRConfig)
+
+    @model_validator(mode="after")
+    def _judge_configured(self) -> "RewardsConfig":
+        if self.summary == "judge" and self.judge is None:
+            raise ValueError("rewards.summary=judge needs rewards.judge (base_url and model of an OpenAI-compatible endpoint)")
+        return self
 
 
 class TelemetryConfig(Section):
@@ -223,8 +317,15 @@ class Config(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     simulators: SimulatorsConfig = Field(default_factory=SimulatorsConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @model_validator(mode="after")
+    def _slca_needs_summary(self) -> "Config":
+        if self.algo.advantage == "slca" and self.rewards.summary == "none":
+            raise ValueError("algo.advantage=slca needs summary scoring: set rewards.summary to rule or judge")
+        return self

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
+from agentrl.algos.critic import gae
 from agentrl.algos.losses import aggregate_tokens, kl_penalty, ppo_clip_loss, truncated_is_weights
 from agentrl.engines.hf_policy import pad_batch, token_logprobs
 
@@ -35,14 +36,17 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 
 
 class _PolicyLogprobs(nn.Module):
-    """nn.Module handed to DeepSpeed: forward(input_ids, attention_mask) -> (logprobs, entropy)."""
+    """nn.Module handed to DeepSpeed: forward(input_ids, attention_mask) -> (logprobs, entropy).
 
-    def __init__(self, model: nn.Module):
+    The entropy carries a gradient only when an entropy bonus is configured (it costs memory)."""
+
+    def __init__(self, model: nn.Module, entropy_grad: bool = False):
         super().__init__()
         self.model = model
+        self.entropy_grad = entropy_grad
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        return token_logprobs(self.model, input_ids, attention_mask, with_entropy=True)
+        return token_logprobs(self.model, input_ids, attention_mask, with_entropy=True, entropy_grad=self.entropy_grad)
 
 
 def _free_port() -> int:
@@ -129,7 +133,7 @@ class DeepSpeedLearner:
             return 1.0 if warmup <= 0 else min(1.0, (step + 1) / warmup)
 
         self.engine, _, _, _ = deepspeed.initialize(
-            model=_PolicyLogprobs(model),
+            model=_PolicyLogprobs(model, entropy_grad=algo_cfg.entropy_coef > 0),
             optimizer=optimizer,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda),
             config=build_ds_config(learner_cfg, dtype),
@@ -141,6 +145,14 @@ class DeepSpeedLearner:
         if algo_cfg.kl_coef > 0:
             ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=_TORCH_DTYPES[dtype])
             self.ref_model = ref.to(self.device).eval().requires_grad_(False)
+        self.critic = None
+        if algo_cfg.advantage == "ppo":
+            from agentrl.engines.deepspeed_critic import DeepSpeedCritic
+
+            if algo_cfg.critic is None:
+                raise ValueError("algo.advantage=ppo needs algo.critic")
+            self.critic = DeepSpeedCritic(algo_cfg.critic.path or model_path, algo_cfg.critic,
+                                          build_ds_config(learner_cfg, dtype), seed=seed)
         self.init_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ helpers
@@ -160,12 +172,17 @@ class DeepSpeedLearner:
         """One policy update (``ppo_epochs`` optimizer steps) on a batch of episodes.
 
         ``batch`` holds python lists, one entry per sequence: ``input_ids`` (token lists),
-        ``response_mask`` (1 on policy tokens), ``advantages`` (per token, already broadcast) and
+        ``response_mask`` (1 on policy tokens), ``advantages`` (per token, already broadcast) — or,
+        for PPO, ``token_rewards`` from which the critic and GAE make the advantages — and
         optionally ``rollout_logprobs`` (the engine's sampled-token logprobs, 0 off-policy tokens).
         """
         t0 = time.perf_counter()
         acfg, lcfg = self.algo_cfg, self.learner_cfg
-        ids_l, resp_l, adv_l = batch["input_ids"], batch["response_mask"], batch["advantages"]
+        use_critic = "token_rewards" in batch
+        if use_critic and self.critic is None:
+            raise ValueError("batch has token_rewards but this learner has no critic (algo.advantage must be ppo)")
+        ids_l, resp_l = batch["input_ids"], batch["response_mask"]
+        adv_l = batch["token_rewards"] if use_critic else batch["advantages"]
         roll_l = batch.get("rollout_logprobs")
         extra = [resp_l, adv_l] + ([roll_l] if roll_l is not None else [])
         micro = []
@@ -179,7 +196,8 @@ class DeepSpeedLearner:
         if n_tok == 0:  # nothing to learn from: skip the optimizer step (AdamW would still decay)
             return {"tokens": 0.0, "skipped": 1.0, "lr": lr, "version": float(self.version)}
 
-        use_kl = self.ref_model is not None and acfg.kl_coef > 0
+        critic_stats = self._critic_advantages(micro, n_tok) if use_critic else {}
+        use_kl = self.ref_model is not None and acfg.kl_coef > 0 and acfg.kl_in == "loss"
         precompute_old = lcfg.ppo_epochs > 1
         with torch.no_grad():
             for m in micro:
@@ -188,7 +206,7 @@ class DeepSpeedLearner:
                 if precompute_old:
                     m["old"], m["ent"] = self.engine(m["ids"], m["attn"])
 
-        sums: dict[str, float] = {k: 0.0 for k in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl")}
+        sums: dict[str, float] = {k: 0.0 for k in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "entropy_bonus")}
         first: dict[str, float] = {k: 0.0 for k in ("is_weight_mean", "logprob_mismatch", "entropy")}
         grad_norms = []
         for epoch in range(lcfg.ppo_epochs):
@@ -200,9 +218,13 @@ class DeepSpeedLearner:
                 is_w = truncated_is_weights(old, m["roll"], acfg.tis_cap) if m["roll"] is not None else None
                 pg, st = ppo_clip_loss(
                     lp, old, m["adv"], mask, clip_low=acfg.clip_low, clip_high=acfg.clip_high,
-                    is_weights=is_w, n_tokens_global=n_tok,
+                    dual_clip=acfg.dual_clip, is_weights=is_w, n_tokens_global=n_tok,
                 )
                 loss = pg
+                if acfg.entropy_coef > 0:
+                    bonus = aggregate_tokens(ent, mask, n_tok)
+                    loss = loss - acfg.entropy_coef * bonus
+                    sums["entropy_bonus"] += float(bonus.detach())
                 if use_kl:
                     kl = aggregate_tokens(kl_penalty(lp, m["ref"], acfg.kl_estimator), mask, n_tok)
                     loss = loss + acfg.kl_coef * kl
@@ -214,7 +236,7 @@ class DeepSpeedLearner:
                 sums["approx_kl"] += float(st["approx_kl"]) * n_mb / n_tok
                 if epoch == 0:
                     with torch.no_grad():
-                        ent0 = m["ent"] if precompute_old else ent
+                        ent0 = m["ent"] if precompute_old else ent.detach()
                         first["entropy"] += float(aggregate_tokens(ent0, mask, n_tok))
                         if is_w is not None:
                             first["is_weight_mean"] += float(aggregate_tokens(is_w, mask, n_tok))
@@ -224,9 +246,12 @@ class DeepSpeedLearner:
             gn = self.engine.get_global_grad_norm()
             grad_norms.append(float(gn) if gn is not None else manual_norm)
 
+        if use_critic:
+            critic_stats.update(self.critic.train(micro, n_tok))
         epochs = float(lcfg.ppo_epochs)
         out = {k: v / epochs for k, v in sums.items()}
         out.update(first)
+        out.update(critic_stats)
         if roll_l is None:
             out.pop("is_weight_mean"), out.pop("logprob_mismatch")
         out.update(
@@ -237,6 +262,35 @@ class DeepSpeedLearner:
             version=float(self.version),
             step_time_s=time.perf_counter() - t0,
         )
+        return out
+
+    def _critic_advantages(self, micro: list[dict], n_tok: int) -> dict[str, float]:
+        """PPO: replace each micro-batch's ``adv`` (holding token rewards) by GAE advantages from
+        the critic's values, whitened over the whole batch when configured; keep the old values
+        and returns for the critic's update."""
+        ccfg = self.algo_cfg.critic
+        for m in micro:
+            m["old_values"] = self.critic.values(m["ids"], m["attn"])
+            m["adv"], m["returns"] = gae(m["adv"], m["old_values"], m["mask"], ccfg.gamma, ccfg.lam)
+        if ccfg.whiten_advantages and n_tok > 1:
+            flat = torch.cat([m["adv"][m["mask"]] for m in micro])
+            mean, std = flat.mean(), flat.std(unbiased=False)
+            for m in micro:
+                m["adv"] = torch.where(m["mask"], (m["adv"] - mean) / (std + 1e-8), torch.zeros_like(m["adv"]))
+        values = torch.cat([m["old_values"][m["mask"]] for m in micro])
+        return {"critic/value_mean": float(values.mean()) if values.numel() else 0.0}
+
+    @torch.no_grad()
+    def reference_logprobs(self, input_ids: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Frozen-reference token logprobs (for KL in the reward), one list per sequence."""
+        if self.ref_model is None:
+            raise ValueError("no reference model: algo.kl_coef is 0")
+        out: list[list[float]] = [[] for _ in input_ids]
+        for idx in self._micro_batches(len(input_ids), [len(s) for s in input_ids]):
+            ids, attn = pad_batch([input_ids[i] for i in idx], self.pad_id, device=self.device)
+            lp = token_logprobs(self.ref_model, ids, attn)
+            for row, i in enumerate(idx):
+                out[i] = lp[row, : len(input_ids[i])].float().cpu().tolist()
         return out
 
     def _reset_prestepped_optimizer_state(self) -> None:
@@ -321,6 +375,9 @@ class DeepSpeedLearner:
             destroy()
         self.engine = None
         self.ref_model = None
+        if self.critic is not None:
+            self.critic.close()
+            self.critic = None
 
 
 def blob_to_state_dict(blob: bytes) -> dict[str, Tensor]:

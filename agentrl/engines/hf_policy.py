@@ -45,13 +45,14 @@ def _split_model(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     return decoder, head
 
 
-def _chunk_logprobs(logits: Tensor, targets: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor]:
-    """logprob of ``targets`` under ``logits`` [B, C, V] in fp32, and (detached) entropy."""
+def _chunk_logprobs(logits: Tensor, targets: Tensor, with_entropy: bool, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+    """logprob of ``targets`` under ``logits`` [B, C, V] in fp32, and entropy (detached unless
+    ``entropy_grad``: an entropy bonus needs its gradient)."""
     logits = logits.float()
     lse = torch.logsumexp(logits, dim=-1)
     lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             ent = lse - (F.softmax(logits, dim=-1) * logits).sum(-1)
     else:
         ent = torch.zeros_like(lp, requires_grad=False)
@@ -64,13 +65,15 @@ def token_logprobs(
     attention_mask: Tensor | None = None,
     *,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
     max_logit_elements: int = DEFAULT_MAX_LOGIT_ELEMENTS,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """out[:, t] = log p(input_ids[:, t] | input_ids[:, :t]) in float32; out[:, 0] = 0.
 
     Positions where ``attention_mask`` is 0 (right padding) are 0. With ``with_entropy`` also
-    returns the (detached) entropy of the predictive distribution for each token, aligned the
-    same way. Differentiable w.r.t. the model parameters when grad is enabled.
+    returns the entropy of the predictive distribution for each token, aligned the same way
+    (detached unless ``entropy_grad``). Differentiable w.r.t. the model parameters when grad is
+    enabled.
     """
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
@@ -79,7 +82,7 @@ def token_logprobs(
     split = _split_model(model)
     if split is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-        lp, ent = _chunk_logprobs(logits, targets, with_entropy)
+        lp, ent = _chunk_logprobs(logits, targets, with_entropy, entropy_grad)
     else:
         decoder, head = split
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
@@ -89,7 +92,7 @@ def token_logprobs(
         n_pos = hidden.shape[1]
 
         def run(h: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
-            return _chunk_logprobs(head(h), tgt, with_entropy)
+            return _chunk_logprobs(head(h), tgt, with_entropy, entropy_grad)
 
         lps, ents = [], []
         for s in range(0, n_pos, chunk):
@@ -107,8 +110,8 @@ def token_logprobs(
     lp = torch.cat([zero, torch.where(valid, lp, torch.zeros_like(lp))], dim=1)
     if not with_entropy:
         return lp
-    ent = torch.cat([zero, torch.where(valid, ent, torch.zeros_like(ent))], dim=1).detach()
-    return lp, ent
+    ent = torch.cat([zero, torch.where(valid, ent, torch.zeros_like(ent))], dim=1)
+    return lp, (ent if entropy_grad else ent.detach())
 
 
 def pad_batch(

@@ -86,7 +86,8 @@ class Trainer:
         self.pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency)
         self.workers = [
             RolloutWorker.options(num_cpus=rt.rollout_worker_cpus, num_gpus=rt.rollout_worker_gpus).remote(
-                model_path, cfg.rollout, cfg.model.dtype, self.pool.actors, i, weight_sync=rt.weight_sync
+                model_path, cfg.rollout, cfg.model.dtype, self.pool.actors, i, weight_sync=rt.weight_sync,
+                rewards_cfg=cfg.rewards,
             )
             for i in range(cfg.rollout.num_workers)
         ]
@@ -109,6 +110,7 @@ class Trainer:
             "success": sum(r["outcome"] for r in results) / n,
             "progress": sum(r["progress"] for r in results) / n,
             "mean_calls": sum(r["calls"] for r in results) / n,
+            "redundant_call_rate": sum(r["redundant_calls"] for r in results) / max(1, sum(r["valid_calls"] for r in results)),
             "episodes": float(len(results)),
             "seconds": time.perf_counter() - t0,
         }
@@ -155,6 +157,7 @@ class Trainer:
             "perf/tokens_per_s": tokens / max(t_gen, 1e-9),
             "train/calls_per_episode": sum(s["calls"] for s in summaries) / n,
             "train/valid_call_fraction": sum(s["valid_calls"] for s in summaries) / max(1, sum(s["calls"] for s in summaries)),
+            "train/redundant_call_fraction": sum(s["redundant_calls"] for s in summaries) / max(1, sum(s["valid_calls"] for s in summaries)),
             "time/generate": t_gen,
             "time/learn": t_learn,
             "time/sync": t_sync,
@@ -162,6 +165,9 @@ class Trainer:
             "train/policy_version": float(self.version),
             "train/policy_lag": float(self.version - 1 - min(s["version"] for s in summaries)) if summaries else 0.0,
         }
+        # HierR components, summary reward, omission rate: means over groups (groups are equal-sized)
+        for key in (summaries[0]["rewards"] if summaries else {}):
+            m[f"reward/{key}"] = sum(s["rewards"][key] for s in summaries) / len(summaries)
         m.update({f"learner/{k}": float(v) for k, v in learn.items()})
         m.update({f"buffer/{k}": float(v) for k, v in ray.get(self.buffer.stats.remote()).items()})
         return m

@@ -1,8 +1,9 @@
 """LearnerActor: a thin Ray shell around the DeepSpeed learner.
 
 It resolves the group refs handed over by the driver (payloads come straight from the object
-store), turns group rewards into per-token advantages with the configured estimator (pure
-functions in ``agentrl.algos``), runs one update, and publishes weights as an object ref.
+store), turns group rewards into per-token advantages with the configured estimator
+(``runtime.batching`` over the pure functions in ``agentrl.algos``), runs one update, and
+publishes weights as an object ref.
 """
 
 from __future__ import annotations
@@ -10,27 +11,8 @@ from __future__ import annotations
 import time
 
 import ray
-import torch
 
-from agentrl.algos.advantages import get_advantage
-
-
-def build_batch(groups: list[dict], advantage: str, reward_key: str, eps: float) -> tuple[dict, dict]:
-    """Flatten groups into the learner's batch; the advantage is broadcast to policy tokens."""
-    fn = get_advantage(advantage)
-    kwargs = {"eps": eps} if advantage == "grpo" else {}
-    batch = {"input_ids": [], "response_mask": [], "rollout_logprobs": [], "advantages": []}
-    nonzero = 0
-    for g in groups:
-        rewards = torch.tensor([e["rewards"][reward_key] for e in g["episodes"]], dtype=torch.float32)
-        adv = fn(rewards, **kwargs)
-        nonzero += int(bool((rewards != rewards[0]).any()))
-        for e, a in zip(g["episodes"], adv.tolist()):
-            batch["input_ids"].append(e["token_ids"])
-            batch["response_mask"].append(e["response_mask"])
-            batch["rollout_logprobs"].append(e["logprobs"])
-            batch["advantages"].append([a * m for m in e["response_mask"]])
-    return batch, {"groups_with_signal": nonzero / max(1, len(groups))}
+from agentrl.runtime.batching import build_batch
 
 
 @ray.remote
@@ -51,12 +33,24 @@ class LearnerActor:
     def train(self, group_boxes: list[list]) -> dict[str, float]:
         t0 = time.perf_counter()
         groups = ray.get([box[0] for box in group_boxes])
-        batch, extra = build_batch(groups, self.algo_cfg.advantage, self.algo_cfg.reward, self.algo_cfg.eps)
+        kl = self._rollout_kl(groups) if self.algo_cfg.kl_in == "reward" and self.algo_cfg.kl_coef > 0 else None
+        batch, extra = build_batch(groups, self.algo_cfg, kl_per_token=kl)
         metrics = self.learner.train_step(batch)
         metrics.update(extra)
         metrics["staleness"] = float(sum(self.learner.version - 1 - g["version"] for g in groups) / max(1, len(groups)))
         metrics["learn_seconds"] = time.perf_counter() - t0
         return metrics
+
+    def _rollout_kl(self, groups: list[dict]) -> list[list[float]]:
+        """Per-token KL estimate of the behaviour policy against the reference, for KL in the
+        reward: the rollout logprobs are the samples' own (what the reward should charge for)."""
+        from agentrl.algos.losses import kl_penalty
+        import torch
+
+        episodes = [e for g in groups for e in g["episodes"]]
+        refs = self.learner.reference_logprobs([e["token_ids"] for e in episodes])
+        return [kl_penalty(torch.tensor(e["logprobs"]), torch.tensor(r), self.algo_cfg.kl_estimator).tolist()
+                for e, r in zip(episodes, refs)]
 
     def publish_weights(self) -> list:
         """The current weights as a safetensors blob in the object store (wrapped ref)."""

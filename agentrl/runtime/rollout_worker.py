@@ -9,13 +9,15 @@ learner pass the object refs along.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 
 import ray
 
 from agentrl.agent.episode import Episode, EpisodeLimits, Generation, run_episode
-from agentrl.rewards.outcome import outcome_reward, progress_reward
+from agentrl.rewards.hierr import HierRWeights
+from agentrl.rewards.scoring import apply_summary, score_episode, seen_context
 from agentrl.tasks.schema import Task
 
 
@@ -29,9 +31,16 @@ class _EnginePolicy:
         return await self.engine.generate(prompt_ids, max_tokens, self.sampling, self.stop_ids)
 
 
-def score_episode(ep: Episode) -> None:
-    ep.rewards["outcome"] = outcome_reward(ep.turn_passed, ep.n_turns)
-    ep.rewards["progress"] = progress_reward(ep.turn_passed, ep.n_turns)
+def redundant_calls(calls_log: list[list[dict]]) -> int:
+    """Calls that repeat an identical call (same name and arguments) made earlier in the turn."""
+    n = 0
+    for turn in calls_log:
+        seen = set()
+        for c in turn:
+            key = (c["name"], json.dumps(c["arguments"], sort_keys=True, default=str))
+            n += key in seen
+            seen.add(key)
+    return n
 
 
 def group_summary(group: dict) -> dict:
@@ -41,9 +50,12 @@ def group_summary(group: dict) -> dict:
         "version": group["version"],
         "outcome": [e.rewards["outcome"] for e in eps],
         "progress": [e.rewards["progress"] for e in eps],
+        # every other reward (HierR components, summary, omission), averaged over the group
+        "rewards": {k: sum(e.rewards[k] for e in eps) / len(eps) for k in eps[0].rewards if k not in ("outcome", "progress")},
         "policy_tokens": sum(e.n_policy_tokens for e in eps),
         "calls": sum(e.n_call_blocks for e in eps),
         "valid_calls": sum(e.n_valid_calls for e in eps),
+        "redundant_calls": sum(redundant_calls(e.calls) for e in eps),
         "gen_seconds": sum(e.gen_seconds for e in eps),
         "env_seconds": sum(e.env_seconds for e in eps),
     }
@@ -52,7 +64,7 @@ def group_summary(group: dict) -> dict:
 @ray.remote
 class RolloutWorker:
     def __init__(self, model_path: str, rollout_cfg, dtype: str, simulators: list, worker_index: int = 0,
-                 weight_sync: str = "object_store"):
+                 weight_sync: str = "object_store", rewards_cfg=None):
         from agentrl.runtime.env import set_default_env
 
         set_default_env()
@@ -62,6 +74,9 @@ class RolloutWorker:
         self.weight_sync = weight_sync  # "nccl" builds the engine with vLLM's weight-transfer engine
         self.engine = None
         self.version = 0
+        self.rewards_cfg = rewards_cfg
+        self.judge = None  # ChatClient, built in start() when rewards.summary = judge
+        self.judge_failures = 0
 
     async def start(self) -> float:
         """Build the engine inside the actor's event loop (vLLM's async engine needs one)."""
@@ -81,7 +96,39 @@ class RolloutWorker:
             max_assistant_messages_per_turn=self.cfg.max_assistant_messages_per_turn,
             max_episode_tokens=self.cfg.max_episode_tokens,
         )
+        rc = self.rewards_cfg
+        if rc is not None and rc.summary == "judge":
+            from agentrl.llm import ChatClient, LLMEndpoint
+
+            j = rc.judge
+            self.judge = ChatClient(LLMEndpoint(j.base_url, j.model, api_key_env=j.api_key_env, timeout_s=j.timeout_s))
         return time.perf_counter() - t0
+
+    def _score(self, ep: Episode, task: Task) -> None:
+        rc = self.rewards_cfg
+        if rc is None:
+            score_episode(ep, task)
+            return
+        weights = HierRWeights(**rc.hierr.model_dump())
+        score_episode(ep, task, summary="none" if rc.summary == "judge" else rc.summary,
+                      summary_max_chars=rc.summary_max_chars, weights=weights)
+
+    async def _judge(self, ep: Episode, task: Task) -> None:
+        """R_sum from the LLM judge: mean rating of the turn answers (unanswered turns score 0).
+        A judge failure falls back to the rule scorer for that episode and is counted."""
+        from agentrl.rewards.judge import judge_summary
+        from agentrl.rewards.summary import episode_summary_reward
+
+        context = seen_context(task, ep.calls)
+        try:
+            scores = [0.0 if a is None else await judge_summary(self.judge, task.turns[u].user, context, a)
+                      for u, a in enumerate(ep.answers)]
+            score = sum(scores) / ep.n_turns
+        except Exception:
+            self.judge_failures += 1
+            facts = [list(t.answer_facts) for t in task.turns]
+            score = episode_summary_reward(ep.answers, facts, context, ep.n_turns, self.rewards_cfg.summary_max_chars)
+        apply_summary(ep, score)
 
     async def _episode(self, task: Task, sampling, group_id: str) -> Episode:
         session = await self.pool.open(f"{group_id}/{uuid.uuid4().hex[:8]}", task)
@@ -89,7 +136,9 @@ class RolloutWorker:
             ep = await run_episode(task, _EnginePolicy(self.engine, sampling, self.formatter.eos_token_ids), session, self.formatter, self.limits)
         finally:
             await session.close()
-        score_episode(ep)
+        self._score(ep, task)
+        if self.judge is not None:
+            await self._judge(ep, task)
         ep.policy_version = self.version
         ep.group_id = group_id
         return ep
@@ -115,7 +164,8 @@ class RolloutWorker:
         eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature=0.0), f"eval/{t.id}") for t in tasks])
         return [
             {"task_id": e.task_id, "outcome": e.rewards["outcome"], "progress": e.rewards["progress"], "calls": e.n_call_blocks,
-             "valid_calls": e.n_valid_calls, "termination": e.termination, "policy_tokens": e.n_policy_tokens}
+             "valid_calls": e.n_valid_calls, "redundant_calls": redundant_calls(e.calls), "termination": e.termination,
+             "policy_tokens": e.n_policy_tokens}
             for e in eps
         ]
 

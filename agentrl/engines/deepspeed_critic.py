@@ -1,0 +1,70 @@
+"""The PPO critic: a value model trained as its own DeepSpeed engine next to the policy.
+
+The value model is the policy's architecture with a scalar head, built by transformers'
+``AutoModelForTokenClassification(num_labels=1)`` from a causal-LM checkpoint (the backbone loads,
+the head starts fresh). Values follow agentrl's alignment convention: ``V[:, t]`` is the value of
+the state *before* token ``t`` is generated, i.e. the head applied to the hidden state at
+``t - 1`` (``V[:, 0] = 0``), so ``V`` sits on the same positions as the token logprobs and the
+response mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from agentrl.algos.critic import value_loss
+
+
+class _Values(nn.Module):
+    """forward(input_ids, attention_mask) -> values [B, T] (see the module docstring)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        scores = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[..., 0].float()
+        return torch.cat([scores.new_zeros(scores.shape[0], 1), scores[:, :-1]], dim=1)
+
+
+class DeepSpeedCritic:
+    def __init__(self, model_path: str, critic_cfg: Any, ds_config: dict, seed: int = 0):
+        import deepspeed
+        from transformers import AutoModelForTokenClassification
+
+        self.cfg = critic_cfg
+        torch.manual_seed(seed + 1)
+        model = AutoModelForTokenClassification.from_pretrained(model_path, num_labels=1, dtype=torch.float32)
+        model.eval()  # no dropout: values must be deterministic for the clipped loss
+        optimizer = torch.optim.AdamW(model.parameters(), lr=critic_cfg.lr, weight_decay=0.0)
+        self.engine, _, _, _ = deepspeed.initialize(model=_Values(model), optimizer=optimizer, config=ds_config)
+        self.engine.eval()
+
+    @torch.no_grad()
+    def values(self, ids: Tensor, attn: Tensor) -> Tensor:
+        return self.engine(ids, attn).float()
+
+    def train(self, micro: list[dict], n_tokens: int) -> dict[str, float]:
+        """One optimizer step on the clipped value loss; each micro-batch dict holds ``ids``,
+        ``attn``, ``mask``, ``old_values`` and ``returns``."""
+        out = {"critic/loss": 0.0, "critic/clip_frac": 0.0, "critic/explained_var": 0.0}
+        for k, m in enumerate(micro):
+            self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
+            v = self.engine(m["ids"], m["attn"])
+            loss, st = value_loss(v, m["old_values"], m["returns"], m["mask"], self.cfg.value_clip, n_tokens)
+            self.engine.backward(loss)
+            share = float(m["mask"].sum()) / n_tokens
+            out["critic/loss"] += float(loss.detach())
+            out["critic/clip_frac"] += float(st.get("vf_clip_frac", 0.0)) * share
+            out["critic/explained_var"] += float(st.get("explained_var", 0.0)) * share
+        self.engine.step()
+        return out
+
+    def close(self) -> None:
+        destroy = getattr(self.engine, "destroy", None)
+        if destroy is not None:
+            destroy()
+        self.engine = None
