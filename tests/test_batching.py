@@ -152,3 +152,28 @@ def test_step_rewards_place_turn_credit_on_the_turn_last_step():
     with pytest.raises(ValueError, match="unknown reward kind"):
         step_rewards([True], 1, [0], "bogus")
     assert torch.tensor(step_rewards([True] * 4, 4, [0, 1, 2, 3], "progress")).sum() == pytest.approx(1.0)
+
+
+class CutOff:
+    """A policy whose first message is cut off (token budget) in the middle of a tool call."""
+
+    def __init__(self, formatter: ChatFormatter):
+        self.formatter = formatter
+
+    async def generate(self, prompt_ids, max_tokens):
+        ids = self.formatter.encode('<tool_call>\n{"name": "get_balance", "argum')
+        return Generation(ids, [-0.1] * len(ids), "length")
+
+
+def test_segments_come_from_the_parsed_structure(group, task, formatter):
+    gold = group["episodes"][0]
+    # every turn of the gold episode ends with a summary message; the calls are tool segment
+    for start, end in gold["step_spans"]:
+        kinds = set(gold["segments"][start:end])
+        assert len(kinds) == 1 and kinds <= {SEG_TOOL, SEG_SUMMARY}
+    closing = [max(k for k, u in enumerate(gold["step_turns"]) if u == turn) for turn in range(len(task.turns))]
+    assert [gold["segments"][gold["step_spans"][k][0]] for k in closing] == [SEG_SUMMARY] * len(task.turns)
+    cut = _episode(task, CutOff(formatter), formatter)
+    assert cut.termination == "length" and cut.answers == [None]
+    assert SEG_SUMMARY not in cut.segments and SEG_TOOL in cut.segments
+    assert cut.rewards["summary"] == 0.0 and cut.rewards["omission"] == 0.0

@@ -153,3 +153,19 @@ def test_tasks_export_real(tmp_path):
     assert len(out.read_text().splitlines()) > 0
     res = run_cli(["tasks", "export", str(tmp_path / "nope.jsonl"), str(out)], tmp_path)
     assert res.returncode == 2 and res.stderr.startswith("error: ")
+
+
+def test_missing_model_fails_before_run_folder_and_ray(tmp_path):
+    """The real `agentrl train` (no fakes): a missing model is reported before anything starts."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", QUICKSTART, f"model.path={tmp_path / 'nope'}",
+         f"run.output_dir={tmp_path / 'runs'}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert f"model.path: no model at {tmp_path / 'nope'}" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+    assert "Started a local Ray instance" not in proc.stderr

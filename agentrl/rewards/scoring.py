@@ -53,7 +53,10 @@ def score_episode(ep: Any, task: Task, summary: str = "rule", summary_max_chars:
     comps = process_components(pred, gold, ep.n_call_blocks, ep.n_valid_calls)
     r["process"] = process_reward(comps, weights)
     r.update({f"process/{k}": float(v) for k, v in comps.items()})
-    r["omission"] = float(is_omission(pred, gold))
+    # Omission = answering a turn that needed a call without making one; a turn cut off before its
+    # answer (e.g. mid-call) is not an omission. Answered turns are a prefix of the turns reached.
+    answered = sum(1 for a in ep.answers if a is not None)
+    r["omission"] = float(is_omission(pred[:answered], gold[:answered]))
     if summary == "rule":
         facts = [list(t.answer_facts) for t in task.turns]
         apply_summary(ep, episode_summary_reward(ep.answers, facts, seen_context(task, ep.calls), ep.n_turns, summary_max_chars))

@@ -214,6 +214,7 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
     from agentrl.telemetry.report import write_report
 
     set_default_env()
+    _model_path(cfg)  # a missing model fails here: before a run folder exists or Ray starts
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=True)
