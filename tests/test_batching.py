@@ -155,13 +155,13 @@ def test_step_rewards_place_turn_credit_on_the_turn_last_step():
 
 
 class CutOff:
-    """A policy whose first message is cut off (token budget) in the middle of a tool call."""
+    """A policy whose first message is cut off by the token budget (mid-call by default)."""
 
-    def __init__(self, formatter: ChatFormatter):
-        self.formatter = formatter
+    def __init__(self, formatter: ChatFormatter, text: str = '<tool_call>\n{"name": "get_balance", "argum'):
+        self.formatter, self.text = formatter, text
 
     async def generate(self, prompt_ids, max_tokens):
-        ids = self.formatter.encode('<tool_call>\n{"name": "get_balance", "argum')
+        ids = self.formatter.encode(self.text)
         return Generation(ids, [-0.1] * len(ids), "length")
 
 
@@ -177,3 +177,5 @@ def test_segments_come_from_the_parsed_structure(group, task, formatter):
     assert cut.termination == "length" and cut.answers == [None]
     assert SEG_SUMMARY not in cut.segments and SEG_TOOL in cut.segments
     assert cut.rewards["summary"] == 0.0 and cut.rewards["omission"] == 0.0
+    prose = _episode(task, CutOff(formatter, "Let me look that up and then"), formatter)
+    assert prose.termination == "length" and SEG_SUMMARY not in prose.segments  # closed no turn

@@ -129,6 +129,8 @@ def test_every_estimator_is_accepted_and_a_typo_is_not():
         (["rewards.summary=judge"], "rewards.summary", "needs rewards.judge"),
         (["algo.advantage=slca", "algo.kl_in=reward"], "algo.kl_in", "not defined for algo.advantage=slca"),
         (["algo.dual_clip=0.5"], "algo.dual_clip", "greater than 1"),
+        ([f"rewards.hierr.{k}=0.0" for k in ("format", "name_f1", "key_jaccard", "value_match", "parallel")],
+         "rewards.hierr", "must be > 0"),
     ],
 )
 def test_estimator_prerequisites_name_the_key(overrides, key, says):

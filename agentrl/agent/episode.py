@@ -178,7 +178,9 @@ async def run_episode(
             ended = gen.finish_reason == "stop" and gen.token_ids and gen.token_ids[-1] in formatter.eos_token_ids
             body = gen.token_ids[:-1] if ended else gen.token_ids
             parsed: ParsedMessage = parse_assistant(formatter.tokenizer.decode(body), known_tools=known)
-            segment = SEG_TOOL if parsed.has_call_attempt else SEG_SUMMARY
+            # Summary = a message that closes the turn without a call. A message cut off by the
+            # token budget closes nothing, so it is tool segment even before any call tag.
+            segment = SEG_SUMMARY if ended and not parsed.has_call_attempt else SEG_TOOL
             step_states.append(stream.state_key())
             spans.append([len(stream.ids), len(stream.ids) + len(gen.token_ids)])
             step_turns.append(u)

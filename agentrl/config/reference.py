@@ -213,7 +213,7 @@ def render() -> str:
                 meaning = f"{meaning} See [`{dotted}.{name}`](#{dotted.replace('.', '')}{name})."
                 default = "—" if field.default is not None else "`null`"
             else:
-                default = f"`{format_value(field.get_default(call_default_factory=True))}`"
+                default = "required" if field.is_required() else f"`{format_value(field.get_default(call_default_factory=True))}`"
             kind = describe_type(ann, list(field.metadata))
             rows.append(f"| `{dotted}.{name}` | {_cell(kind)} | {_cell(default)} | {_cell(meaning.strip(), prose=True)} |")
         parts.append(f"## `{dotted}`\n\n" + "\n".join(rows) + "\n")

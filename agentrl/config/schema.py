@@ -259,6 +259,12 @@ class HierRConfig(Section):
     # Weight of "the first step makes as many parallel calls as the gold's".
     parallel: NonNegFloat = 0.30
 
+    @model_validator(mode="after")
+    def _not_all_zero(self) -> "HierRConfig":
+        if not any(self.model_dump().values()):
+            raise ValueError("rewards.hierr=all zero: at least one HierR weight must be > 0")
+        return self
+
 
 class RewardsConfig(Section):
     # Summary reward R_sum: "rule" (required facts stated, nothing invented, length), "judge"

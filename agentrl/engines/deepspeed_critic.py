@@ -31,6 +31,9 @@ class _Values(nn.Module):
 
 
 class DeepSpeedCritic:
+    """One optimizer step per learner step (whatever ``learner.ppo_epochs``); its weights live
+    only in the learner actor (not saved with the policy checkpoint)."""
+
     def __init__(self, model_path: str, critic_cfg: Any, ds_config: dict, seed: int = 0):
         import deepspeed
         from transformers import AutoModelForTokenClassification
@@ -42,6 +45,9 @@ class DeepSpeedCritic:
         optimizer = torch.optim.AdamW(model.parameters(), lr=critic_cfg.lr, weight_decay=0.0)
         self.engine, _, _, _ = deepspeed.initialize(model=_Values(model), optimizer=optimizer, config=ds_config)
         self.engine.eval()
+        from agentrl.engines.deepspeed_learner import reset_prestepped_optimizer_state
+
+        reset_prestepped_optimizer_state(self.engine)
 
     @torch.no_grad()
     def values(self, ids: Tensor, attn: Tensor) -> Tensor:

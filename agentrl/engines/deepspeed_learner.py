@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from agentrl.algos.critic import gae
+from agentrl.algos.critic import gae, whiten
 from agentrl.algos.losses import aggregate_tokens, kl_penalty, ppo_clip_loss, truncated_is_weights
 from agentrl.engines.hf_policy import pad_batch, token_logprobs
 
@@ -88,6 +88,23 @@ def build_ds_config(learner_cfg: Any, dtype: str) -> dict[str, Any]:
     }
 
 
+def reset_prestepped_optimizer_state(engine: Any) -> None:
+    """Undo DeepSpeed's warm-up optimizer step (policy and critic engines alike).
+
+    Some wrappers (``FP16_UnfusedOptimizer``, used for bf16 with ZeRO-0) call
+    ``optimizer.step()`` once with zero gradients at construction to allocate Adam state.
+    That leaves Adam's step counter at 1 with empty moments, so the bias correction of the
+    first real update is wrong (it came out 0.74x the intended size in our test). Torch
+    optimizers re-create state lazily, so clearing it restores exact AdamW semantics."""
+    opt = getattr(engine, "basic_optimizer", None)
+    state = getattr(opt, "state", None)
+    if not state:
+        return
+    steps = [s.get("step") for s in state.values() if isinstance(s, dict)]
+    if any(st is not None and float(st) > 0 for st in steps):
+        state.clear()
+
+
 class DeepSpeedLearner:
     """Owns the trainable policy (DeepSpeed engine), the frozen reference, and the update rule.
 
@@ -139,7 +156,7 @@ class DeepSpeedLearner:
             config=build_ds_config(learner_cfg, dtype),
         )
         self.engine.eval()
-        self._reset_prestepped_optimizer_state()
+        reset_prestepped_optimizer_state(self.engine)
         self.device = self.engine.device
         self.ref_model: nn.Module | None = None
         if algo_cfg.kl_coef > 0:
@@ -273,10 +290,10 @@ class DeepSpeedLearner:
             m["old_values"] = self.critic.values(m["ids"], m["attn"])
             m["adv"], m["returns"] = gae(m["adv"], m["old_values"], m["mask"], ccfg.gamma, ccfg.lam)
         if ccfg.whiten_advantages and n_tok > 1:
-            flat = torch.cat([m["adv"][m["mask"]] for m in micro])
-            mean, std = flat.mean(), flat.std(unbiased=False)
-            for m in micro:
-                m["adv"] = torch.where(m["mask"], (m["adv"] - mean) / (std + 1e-8), torch.zeros_like(m["adv"]))
+            # whiten over the whole step's tokens, not per micro-batch
+            flat = whiten(torch.cat([m["adv"][m["mask"]] for m in micro]), torch.ones(n_tok, dtype=torch.bool))
+            for m, part in zip(micro, torch.split(flat, [int(m["mask"].sum()) for m in micro])):
+                m["adv"] = torch.zeros_like(m["adv"]).masked_scatter(m["mask"], part)
         values = torch.cat([m["old_values"][m["mask"]] for m in micro])
         return {"critic/value_mean": float(values.mean()) if values.numel() else 0.0}
 
@@ -292,22 +309,6 @@ class DeepSpeedLearner:
             for row, i in enumerate(idx):
                 out[i] = lp[row, : len(input_ids[i])].float().cpu().tolist()
         return out
-
-    def _reset_prestepped_optimizer_state(self) -> None:
-        """Undo DeepSpeed's warm-up optimizer step.
-
-        Some wrappers (``FP16_UnfusedOptimizer``, used for bf16 with ZeRO-0) call
-        ``optimizer.step()`` once with zero gradients at construction to allocate Adam state.
-        That leaves Adam's step counter at 1 with empty moments, so the bias correction of the
-        first real update is wrong (it came out 0.74x the intended size in our test). Torch
-        optimizers re-create state lazily, so clearing it restores exact AdamW semantics."""
-        opt = getattr(self.engine, "basic_optimizer", None)
-        state = getattr(opt, "state", None)
-        if not state:
-            return
-        steps = [s.get("step") for s in state.values() if isinstance(s, dict)]
-        if any(st is not None and float(st) > 0 for st in steps):
-            state.clear()
 
     def _needs_manual_grad_norm(self) -> bool:
         """ZeRO-0 in fp32 clips with a helper whose norm DeepSpeed discards; compute it ourselves."""

@@ -76,7 +76,7 @@ class RolloutWorker:
         self.version = 0
         self.rewards_cfg = rewards_cfg
         self.judge = None  # ChatClient, built in start() when rewards.summary = judge
-        self.judge_failures = 0
+        self.hierr = HierRWeights(**rewards_cfg.hierr.model_dump()) if rewards_cfg is not None else HierRWeights()
 
     async def start(self) -> float:
         """Build the engine inside the actor's event loop (vLLM's async engine needs one)."""
@@ -106,38 +106,40 @@ class RolloutWorker:
 
     def _score(self, ep: Episode, task: Task) -> None:
         rc = self.rewards_cfg
-        if rc is None:
+        if rc is None:  # standalone use (tests): the default rewards
             score_episode(ep, task)
             return
-        weights = HierRWeights(**rc.hierr.model_dump())
         score_episode(ep, task, summary="none" if rc.summary == "judge" else rc.summary,
-                      summary_max_chars=rc.summary_max_chars, weights=weights)
+                      summary_max_chars=rc.summary_max_chars, weights=self.hierr)
 
     async def _judge(self, ep: Episode, task: Task) -> None:
         """R_sum from the LLM judge: mean rating of the turn answers (unanswered turns score 0).
-        A judge failure falls back to the rule scorer for that episode and is counted."""
+        When the endpoint fails or answers off-scale, the episode falls back to the rule scorer
+        and ``rewards["judge_failed"]`` = 1 shows it (logged as ``reward/judge_failed``)."""
+        from agentrl.llm import LLMEndpointError
         from agentrl.rewards.judge import judge_summary
         from agentrl.rewards.summary import episode_summary_reward
 
         context = seen_context(task, ep.calls)
+        ep.rewards["judge_failed"] = 0.0
         try:
             scores = [0.0 if a is None else await judge_summary(self.judge, task.turns[u].user, context, a)
                       for u, a in enumerate(ep.answers)]
             score = sum(scores) / ep.n_turns
-        except Exception:
-            self.judge_failures += 1
+        except (LLMEndpointError, ValueError):
+            ep.rewards["judge_failed"] = 1.0
             facts = [list(t.answer_facts) for t in task.turns]
             score = episode_summary_reward(ep.answers, facts, context, ep.n_turns, self.rewards_cfg.summary_max_chars)
         apply_summary(ep, score)
 
-    async def _episode(self, task: Task, sampling, group_id: str) -> Episode:
+    async def _episode(self, task: Task, sampling, group_id: str, judge: bool = True) -> Episode:
         session = await self.pool.open(f"{group_id}/{uuid.uuid4().hex[:8]}", task)
         try:
             ep = await run_episode(task, _EnginePolicy(self.engine, sampling, self.formatter.eos_token_ids), session, self.formatter, self.limits)
         finally:
             await session.close()
         self._score(ep, task)
-        if self.judge is not None:
+        if self.judge is not None and judge:
             await self._judge(ep, task)
         ep.policy_version = self.version
         ep.group_id = group_id
@@ -161,7 +163,8 @@ class RolloutWorker:
         """Greedy decoding, one episode per task; returns per-task results."""
         from agentrl.engines.vllm_engine import SamplingConfig
 
-        eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature=0.0), f"eval/{t.id}") for t in tasks])
+        eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature=0.0), f"eval/{t.id}", judge=False)
+                                   for t in tasks])
         return [
             {"task_id": e.task_id, "outcome": e.rewards["outcome"], "progress": e.rewards["progress"], "calls": e.n_call_blocks,
              "valid_calls": e.n_valid_calls, "redundant_calls": redundant_calls(e.calls), "termination": e.termination,
