@@ -1,4 +1,4 @@
-"""``agentrl`` command line: train, make-model, tasks export.
+"""``agentrl`` command line: train, eval, make-model, tasks export.
 
 Everything heavy (torch, Ray, vLLM, DeepSpeed) is imported inside the subcommand that needs it, so
 ``agentrl --help`` and a config typo answer in well under a second, and a bad config exits 2
@@ -22,6 +22,8 @@ examples:
   agentrl make-model
   agentrl train configs/quickstart.yaml
   agentrl train configs/quickstart.yaml rollout.group_size=4 train.steps=5
+  agentrl eval --tasks builtin:heldout --model .cache/models/tiny-agent
+  agentrl eval --tasks bfcl:all --policy gold
   agentrl tasks export builtin:heldout heldout.parquet
 """
 
@@ -59,6 +61,24 @@ def _make_model(args: argparse.Namespace) -> int:
 
     result = make_model(out, args.seed, args.force)
     print(f"model: {result if result is not None else out}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from agentrl.config import ConfigError, load_config
+    from agentrl.tasks.io import TaskFileError
+
+    overrides = list(args.overrides) + ([f"model.path={args.model}"] if args.model else [])
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as err:
+        return _fail(err)
+    from agentrl.runtime.evaluate import evaluate
+
+    try:
+        evaluate(config, args.tasks, gold=args.policy == "gold", out_path=args.out, limit=args.limit)
+    except (TaskFileError, ValueError, RuntimeError) as err:
+        return _fail(err)
     return 0
 
 
@@ -100,6 +120,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rebuild even if the folder has a model")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     p.set_defaults(func=_make_model)
+
+    p = sub.add_parser("eval", help="score a model (or the gold replay) on a task set",
+                       description="Run every task once (greedy) through the Ray rollout workers and "
+                                   "the per-turn checker; print accuracy per category and overall, and "
+                                   "write per-entry results as JSONL.")
+    p.add_argument("--tasks", required=True, metavar="SOURCE",
+                   help="builtin:heldout, builtin:train, bfcl:<category>[:<split>] (category: base, "
+                        "miss_func, miss_param, long_context, all; split: eval (default), train, full) or a file")
+    p.add_argument("--model", metavar="PATH", help="model folder (default: model.path of the config)")
+    p.add_argument("--policy", choices=["model", "gold"], default="model",
+                   help="gold replays the ground truth instead of a model (must score 1.0000)")
+    p.add_argument("--limit", type=int, metavar="N", help="only the first N tasks of each category")
+    p.add_argument("--config", metavar="CONFIG", help="YAML config for rollout/runtime settings")
+    p.add_argument("--out", metavar="FILE", default="runs/eval/results.jsonl",
+                   help="per-entry results (default runs/eval/results.jsonl)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    p.set_defaults(func=_eval)
 
     p = sub.add_parser("tasks", help="task set utilities")
     tasks = p.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)

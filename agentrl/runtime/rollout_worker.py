@@ -78,17 +78,22 @@ class RolloutWorker:
         self.judge = None  # ChatClient, built in start() when rewards.summary = judge
         self.hierr = HierRWeights(**rewards_cfg.hierr.model_dump()) if rewards_cfg is not None else HierRWeights()
 
-    async def start(self) -> float:
-        """Build the engine inside the actor's event loop (vLLM's async engine needs one)."""
+    async def start(self, engine: bool = True) -> float:
+        """Build the engine inside the actor's event loop (vLLM's async engine needs one).
+
+        ``engine=False`` (``agentrl eval --policy gold``) skips vLLM: only the tokenizer of
+        ``model_path`` is needed, to build the token stream the gold replay goes through."""
         from transformers import AutoTokenizer
 
         from agentrl.agent.chat import ChatFormatter
-        from agentrl.engines.vllm_engine import VLLMEngine
         from agentrl.runtime.simulator_pool import SimulatorPool
 
         t0 = time.perf_counter()
-        self.engine = VLLMEngine(self.model_path, self.cfg.engine, dtype=self.dtype, seed=self.cfg.engine.seed + self.worker_index,
-                                 weight_sync=self.weight_sync)
+        if engine:
+            from agentrl.engines.vllm_engine import VLLMEngine
+
+            self.engine = VLLMEngine(self.model_path, self.cfg.engine, dtype=self.dtype,
+                                     seed=self.cfg.engine.seed + self.worker_index, weight_sync=self.weight_sync)
         self.formatter = ChatFormatter(AutoTokenizer.from_pretrained(self.model_path))
         self.pool = SimulatorPool(self.simulators)
         self.limits = EpisodeLimits(
@@ -132,10 +137,15 @@ class RolloutWorker:
             score = episode_summary_reward(ep.answers, facts, context, ep.n_turns, self.rewards_cfg.summary_max_chars)
         apply_summary(ep, score)
 
-    async def _episode(self, task: Task, sampling, group_id: str, judge: bool = True) -> Episode:
+    async def _episode(self, task: Task, sampling, group_id: str, judge: bool = True, gold: bool = False) -> Episode:
+        """One episode through the simulator pool: sampled by the engine, or (``gold``) the
+        task's scripted gold conversation replayed through the same loop and checks."""
+        from agentrl.agent.gold import GoldPolicy
+
         session = await self.pool.open(f"{group_id}/{uuid.uuid4().hex[:8]}", task)
+        policy = GoldPolicy(task, self.formatter) if gold else _EnginePolicy(self.engine, sampling, self.formatter.eos_token_ids)
         try:
-            ep = await run_episode(task, _EnginePolicy(self.engine, sampling, self.formatter.eos_token_ids), session, self.formatter, self.limits)
+            ep = await run_episode(task, policy, session, self.formatter, self.limits)
         finally:
             await session.close()
         self._score(ep, task)
@@ -159,17 +169,17 @@ class RolloutWorker:
         groups = await asyncio.gather(*[group(i, t) for i, t in enumerate(tasks)])
         return [group_summary(g) for g in groups], [ray.put(g) for g in groups]
 
-    async def evaluate(self, tasks: list[Task]) -> list[dict]:
-        """Greedy decoding, one episode per task; returns per-task results."""
+    async def evaluate(self, tasks: list[Task], gold: bool = False) -> list[dict]:
+        """Greedy decoding (or the gold replay), one episode per task; returns per-task results."""
         from agentrl.engines.vllm_engine import SamplingConfig
 
-        eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature=0.0), f"eval/{t.id}", judge=False)
+        eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature=0.0), f"eval/{t.id}", judge=False, gold=gold)
                                    for t in tasks])
         return [
-            {"task_id": e.task_id, "outcome": e.rewards["outcome"], "progress": e.rewards["progress"], "calls": e.n_call_blocks,
-             "valid_calls": e.n_valid_calls, "redundant_calls": redundant_calls(e.calls), "termination": e.termination,
-             "policy_tokens": e.n_policy_tokens}
-            for e in eps
+            {"task_id": e.task_id, "category": t.category, "outcome": e.rewards["outcome"], "progress": e.rewards["progress"],
+             "turn_passed": e.turn_passed, "n_turns": e.n_turns, "calls": e.n_call_blocks, "valid_calls": e.n_valid_calls,
+             "redundant_calls": redundant_calls(e.calls), "termination": e.termination, "policy_tokens": e.n_policy_tokens}
+            for e, t in zip(eps, tasks)
         ]
 
     async def load_weights(self, blob: bytes, version: int) -> int:

@@ -1,0 +1,97 @@
+"""``agentrl eval``: score a model (or the gold replay) on a task set through the real runtime.
+
+Episodes run in the same Ray rollout workers (vLLM, greedy) and simulator pool as training, and
+are checked by the same per-turn checker; an entry passes when every turn passes. Per-entry
+results go to a JSONL file; the console shows accuracy per category and ends with
+``overall accuracy: X.XXXX``. ``--policy gold`` replays each task's ground truth instead of a
+model (no vLLM engine is started): it must score 1.0000, which checks the task import, the
+backend, the checker and the episode loop together.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import ray
+
+from agentrl.config.schema import Config
+
+# The gold replay is not a model: give it room for long-context tool outputs and every gold step
+# (BFCL turns take up to ~20 calls; long_context observations run to thousands of tokens).
+GOLD_LIMITS = {"max_new_tokens": 100_000, "max_assistant_messages_per_turn": 64, "max_episode_tokens": 10_000_000}
+
+
+def summarize(results: list[dict]) -> dict[str, tuple[int, float]]:
+    """{category: (entries, accuracy)} plus "overall"; accuracy = mean outcome."""
+    by_cat: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        by_cat[r["category"]].append(r["outcome"])
+    out = {c: (len(v), sum(v) / len(v)) for c, v in sorted(by_cat.items())}
+    all_ = [r["outcome"] for r in results]
+    out["overall"] = (len(all_), sum(all_) / len(all_) if all_ else 0.0)
+    return out
+
+
+def first_per_category(tasks: list, limit: int | None) -> list:
+    """The first ``limit`` tasks of each category, in the source's order (all when None)."""
+    if limit is None:
+        return tasks
+    if limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {limit}")
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for t in tasks:
+        if seen[t.category] < limit:
+            seen[t.category] += 1
+            out.append(t)
+    return out
+
+
+def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path, limit: int | None = None) -> dict[str, tuple[int, float]]:
+    from agentrl.runtime.driver import _init_ray, _model_path, _shard
+    from agentrl.runtime.rollout_worker import RolloutWorker
+    from agentrl.runtime.simulator_pool import SimulatorPool
+    from agentrl.tasks.io import resolve_task_source
+
+    tasks = first_per_category(resolve_task_source(source), limit)  # errors: the CLI reports them
+    model_path = _model_path(cfg)
+    rollout = cfg.rollout.model_copy(update=GOLD_LIMITS) if gold else cfg.rollout
+    print(f"agentrl eval: {len(tasks)} tasks from {source}, policy {'gold' if gold else model_path}", flush=True)
+    import torch  # noqa: F401  (before Ray; see driver.train)
+
+    owns_ray = _init_ray(cfg)
+    t0 = time.perf_counter()
+    rt = cfg.runtime
+    try:
+        pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency)
+        n_workers = cfg.rollout.num_workers
+        workers = [
+            RolloutWorker.options(num_cpus=rt.rollout_worker_cpus, num_gpus=0 if gold else rt.rollout_worker_gpus).remote(
+                model_path, rollout, cfg.model.dtype, pool.actors, i, rewards_cfg=cfg.rewards)
+            for i in range(n_workers)
+        ]
+        ray.get([w.start.remote(engine=not gold) for w in workers])
+        shards = _shard(tasks, n_workers)
+        results = [r for rs in ray.get([w.evaluate.remote(s, gold) for w, s in zip(workers, shards) if s]) for r in rs]
+        ray.get([w.shutdown.remote() for w in workers])
+    finally:
+        if owns_ray:
+            ray.shutdown()
+    order = {t.id: i for i, t in enumerate(tasks)}
+    results.sort(key=lambda r: order[r["task_id"]])
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as f:
+        for r in results:
+            f.write(json.dumps(r) + "\n")
+    summary = summarize(results)
+    print(f"{'category':<16}{'entries':>8}{'accuracy':>10}")
+    for cat, (n, acc) in summary.items():
+        if cat != "overall":
+            print(f"{cat:<16}{n:>8}{acc:>10.4f}")
+    print(f"per-entry results: {out} ({time.perf_counter() - t0:.0f}s)")
+    print(f"overall accuracy: {summary['overall'][1]:.4f}", flush=True)
+    return summary
