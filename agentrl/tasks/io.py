@@ -124,7 +124,12 @@ def save_tasks(tasks: Iterable[Task], path: str | os.PathLike[str]) -> None:
 
 
 def resolve_task_source(spec: str) -> list[Task]:
-    """Tasks named by a config string: ``builtin:train``, ``builtin:heldout`` or a file path."""
+    """Tasks named by a config string: ``builtin:train``, ``builtin:heldout``,
+    ``bfcl:<category>`` (its eval split), ``bfcl:<category>:<split>`` or a file path.
+
+    BFCL categories are base, miss_func, miss_param, long_context and all; splits are train, eval
+    and full (see ``agentrl.envs.bfcl.tasks``; needs the optional ``bfcl-eval`` package).
+    """
     if spec.startswith("builtin:"):
         from agentrl.envs.builtin.generator import SPLIT_SIZES, builtin_split
 
@@ -132,9 +137,29 @@ def resolve_task_source(spec: str) -> list[Task]:
         if name not in SPLIT_SIZES:
             raise ValueError(f"unknown task source {spec!r}: builtin splits are {sorted(SPLIT_SIZES)}")
         return builtin_split(name)
+    if spec.startswith("bfcl:"):
+        return _bfcl_source(spec)
     path = Path(spec)
     if path.suffix.lower() not in (".jsonl", ".parquet") or not path.is_file():
         raise ValueError(
-            f"unknown task source {spec!r}: expected builtin:train, builtin:heldout or an existing .jsonl/.parquet file"
+            f"unknown task source {spec!r}: expected builtin:train, builtin:heldout, bfcl:<category>, "
+            "bfcl:<category>:<split> or an existing .jsonl/.parquet file"
         )
     return load_tasks(path)
+
+
+_BFCL_CATEGORIES = ("base", "miss_func", "miss_param", "long_context", "all")
+_BFCL_SPLITS = ("train", "eval", "full")
+
+
+def _bfcl_source(spec: str) -> list[Task]:
+    """``bfcl:<category>[:<split>]``; checked before importing the optional BFCL package."""
+    parts = spec.split(":")[1:]
+    if not 1 <= len(parts) <= 2 or parts[0] not in _BFCL_CATEGORIES or (len(parts) == 2 and parts[1] not in _BFCL_SPLITS):
+        raise ValueError(
+            f"unknown task source {spec!r}: expected bfcl:<category> (eval split) or bfcl:<category>:<split> "
+            f"with category in {list(_BFCL_CATEGORIES)} and split in {list(_BFCL_SPLITS)}"
+        )
+    from agentrl.envs.bfcl.tasks import bfcl_tasks
+
+    return bfcl_tasks(parts[0], parts[1] if len(parts) == 2 else "eval")
