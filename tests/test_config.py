@@ -446,3 +446,9 @@ def test_fuzz_file_contents(text):
         _outcome(path, [])
     finally:
         os.unlink(path)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    cfg = load_config(path)
+    assert cfg.run.name and cfg.rollout.group_size >= 2
