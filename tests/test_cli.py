@@ -169,3 +169,14 @@ def test_missing_model_fails_before_run_folder_and_ray(tmp_path):
     assert f"model.path: no model at {tmp_path / 'nope'}" in proc.stderr
     assert not (tmp_path / "runs").exists()
     assert "Started a local Ray instance" not in proc.stderr
+
+
+def test_bad_task_source_fails_before_run_folder_and_ray(tmp_path, tiny_model_dir):
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", QUICKSTART, f"model.path={tiny_model_dir}",
+         "tasks.heldout=bfcl:nope", f"run.output_dir={tmp_path / 'runs'}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "tasks.heldout: unknown task source 'bfcl:nope'" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "runs").exists()

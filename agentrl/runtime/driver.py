@@ -58,6 +58,19 @@ def _shard(items: list, n: int) -> list[list]:
     return [items[i::n] for i in range(n)]
 
 
+def _check_task_sources(cfg: Config) -> None:
+    """Load tasks.train and tasks.heldout once up front (loaders cache): a bad path, a malformed
+    file or a missing/wrong bfcl-eval is reported with its key, not as a traceback mid-start."""
+    from agentrl.tasks.io import TaskFileError, resolve_task_source
+
+    keys = ["heldout"] + ([] if cfg.tasks.fresh_train else ["train"])
+    for key in keys:
+        try:
+            resolve_task_source(getattr(cfg.tasks, key))
+        except (TaskFileError, ValueError, RuntimeError) as err:
+            raise SystemExit(f"error: tasks.{key}: {err}") from None
+
+
 def _model_path(cfg: Config) -> str:
     path = Path(cfg.model.path)
     if not (path / "config.json").exists():
@@ -214,7 +227,8 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
     from agentrl.telemetry.report import write_report
 
     set_default_env()
-    _model_path(cfg)  # a missing model fails here: before a run folder exists or Ray starts
+    _model_path(cfg)  # a missing model or task set fails here: before a run folder exists or Ray starts
+    _check_task_sources(cfg)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=True)
