@@ -45,11 +45,17 @@ def gold_messages(task: Task) -> list[dict]:
     return messages
 
 
+def gold_assistant_texts(task: Task) -> list[str]:
+    """The gold conversation's assistant messages only. They depend on the plan alone, not on
+    tool results, so no backend runs (an LLM-simulated backend may not even be reachable here)."""
+    return [text for turn in task.turns for text in [*(format_tool_calls(step) for step in turn.gold), gold_answer(turn)]]
+
+
 class GoldPolicy:
     """A scripted policy that replays a task's gold assistant messages through the episode loop."""
 
     def __init__(self, task: Task, formatter: ChatFormatter):
-        self._texts = [m["content"] for m in gold_messages(task) if m["role"] == "assistant"]
+        self._texts = gold_assistant_texts(task)
         self._formatter = formatter
         self._next = 0
 

@@ -60,8 +60,9 @@ class ModelConfig(Section):
 
 
 class TasksConfig(Section):
-    # Training task set: "builtin:<split>" or a path to a JSONL/Parquet file.
-    train: NonEmptyStr = "builtin:train"
+    # Training task set: "builtin:<split>", "bfcl:<category>[:<split>]", a JSONL/Parquet file, or
+    # a list of these (mixed, e.g. executable and SGLS tasks in one run).
+    train: NonEmptyStr | list[NonEmptyStr] = "builtin:train"
     # Held-out evaluation task set, same syntax as train.
     heldout: NonEmptyStr = "builtin:heldout"
     # Evaluate on the first N held-out tasks; null = all of them.
@@ -106,11 +107,50 @@ class RolloutConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
 
 
+class SGLSConfig(Section):
+    # Model folder of the simulator LLM, served by an in-cluster vLLM engine; null = use
+    # endpoint_url instead.
+    model_path: NonEmptyStr | None = None
+    # OpenAI-compatible endpoint of the simulator LLM (e.g. a `vllm serve`), used when model_path
+    # is null. Start vLLM servers with --structured-outputs-config
+    # '{"backend": "xgrammar", "disable_any_whitespace": true}' (see agentrl/llm/client.py).
+    endpoint_url: NonEmptyStr | None = None
+    # Model name the endpoint serves.
+    endpoint_model: NonEmptyStr | None = None
+    # Environment variable holding the endpoint's API key; null = no key.
+    api_key_env: NonEmptyStr | None = None
+    # Sampling temperature of simulated responses (0 = greedy).
+    temperature: NonNegFloat = 0.0
+    # Token budget of one simulated response.
+    max_tokens: PosInt = 512
+    # Extra attempts when the response fails JSON / returns-schema validation.
+    max_retries: NonNegInt = 2
+    # Entries of the group-shared response cache (LRU).
+    cache_size: PosInt = 100_000
+    # Engine settings of the in-cluster simulator LLM (model_path).
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    # CPUs reserved for the simulator-LLM actor.
+    num_cpus: NonNegFloat = 0.5
+    # GPUs for the simulator-LLM actor (its vLLM engine); 0 on CPU machines.
+    num_gpus: NonNegFloat = 0.0
+
+    @model_validator(mode="after")
+    def _one_llm(self) -> "SGLSConfig":
+        if (self.model_path is None) == (self.endpoint_url is None):
+            raise ValueError(f"simulators.sgls.model_path={self.model_path!r}: give exactly one of model_path "
+                             "(in-cluster vLLM) and endpoint_url (OpenAI-compatible)")
+        if self.endpoint_url is not None and self.endpoint_model is None:
+            raise ValueError("simulators.sgls.endpoint_model=None: endpoint_url needs the model name it serves")
+        return self
+
+
 class SimulatorsConfig(Section):
     # Number of simulator-pool actors executing tool calls.
     num_actors: PosInt = 1
     # Concurrent tool calls one simulator actor serves.
     max_concurrency: PosInt = 64
+    # Schema-guided LLM simulator for tasks with backend "sgls"; null = none (such tasks fail).
+    sgls: SGLSConfig | None = None
 
 
 class BufferConfig(Section):

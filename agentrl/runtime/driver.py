@@ -25,12 +25,12 @@ class TaskSampler:
     """Training tasks per step: shuffled passes over the train set, or fresh generated tasks."""
 
     def __init__(self, cfg: Config, heldout_texts: set[str]):
-        from agentrl.tasks.io import resolve_task_source
+        from agentrl.tasks.io import resolve_task_sources
 
         self.cfg = cfg
         self.rng = random.Random(cfg.run.seed)
         self.heldout_texts = heldout_texts
-        self.tasks = [] if cfg.tasks.fresh_train else resolve_task_source(cfg.tasks.train)
+        self.tasks = [] if cfg.tasks.fresh_train else resolve_task_sources(cfg.tasks.train)
         self.order: list = []
         self.fresh_seed = 1_000_000 + cfg.run.seed * 10_000
 
@@ -61,14 +61,18 @@ def _shard(items: list, n: int) -> list[list]:
 def _check_task_sources(cfg: Config) -> None:
     """Load tasks.train and tasks.heldout once up front (loaders cache): a bad path, a malformed
     file or a missing/wrong bfcl-eval is reported with its key, not as a traceback mid-start."""
-    from agentrl.tasks.io import TaskFileError, resolve_task_source
+    from agentrl.tasks.io import TaskFileError, resolve_task_sources
 
     keys = ["heldout"] + ([] if cfg.tasks.fresh_train else ["train"])
     for key in keys:
         try:
-            resolve_task_source(getattr(cfg.tasks, key))
+            tasks = resolve_task_sources(getattr(cfg.tasks, key))
         except (TaskFileError, ValueError, RuntimeError) as err:
             raise SystemExit(f"error: tasks.{key}: {err}") from None
+        n_sgls = sum(t.backend == "sgls" for t in tasks)
+        if n_sgls and cfg.simulators.sgls is None:
+            raise SystemExit(f"error: tasks.{key}: {n_sgls} tasks use backend 'sgls' (LLM-simulated tools) but "
+                             "simulators.sgls is not set (give it model_path or endpoint_url)")
 
 
 def _model_path(cfg: Config) -> str:
@@ -84,19 +88,20 @@ class Trainer:
         from agentrl.runtime.learner import LearnerActor
         from agentrl.runtime.replay_buffer import ReplayBuffer
         from agentrl.runtime.rollout_worker import RolloutWorker
-        from agentrl.runtime.simulator_pool import SimulatorPool
+        from agentrl.runtime.simulator_pool import SimulatorPool, start_sgls_server
         from agentrl.runtime.weight_sync import make_weight_sync
-        from agentrl.tasks.io import resolve_task_source
+        from agentrl.tasks.io import resolve_task_sources
         from agentrl.telemetry.metrics import MetricsSink
         from agentrl.telemetry.progress import ProgressLine
 
         self.cfg, self.run_dir = cfg, run_dir
         model_path = _model_path(cfg)
-        heldout = resolve_task_source(cfg.tasks.heldout)
+        heldout = resolve_task_sources(cfg.tasks.heldout)
         self.heldout = heldout[: cfg.tasks.heldout_size] if cfg.tasks.heldout_size else heldout
         self.sampler = TaskSampler(cfg, {turn.user for t in heldout for turn in t.turns})
         rt = cfg.runtime
-        self.pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency)
+        self.sgls = start_sgls_server(cfg, cfg.model.dtype)
+        self.pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency, self.sgls)
         self.workers = [
             RolloutWorker.options(num_cpus=rt.rollout_worker_cpus, num_gpus=rt.rollout_worker_gpus).remote(
                 model_path, cfg.rollout, cfg.model.dtype, self.pool.actors, i, weight_sync=rt.weight_sync,
@@ -183,10 +188,14 @@ class Trainer:
             m[f"reward/{key}"] = sum(s["rewards"][key] for s in summaries) / len(summaries)
         m.update({f"learner/{k}": float(v) for k, v in learn.items()})
         m.update({f"buffer/{k}": float(v) for k, v in ray.get(self.buffer.stats.remote()).items()})
+        if self.sgls is not None:  # simulated tool calls, cache hit rate within groups, retries
+            m.update({f"sgls/{k}": float(v) for k, v in ray.get(self.sgls.stats.remote()).items()})
         return m
 
     def shutdown(self) -> None:
         ray.get([w.shutdown.remote() for w in self.workers])
+        if self.sgls is not None:
+            ray.get(self.sgls.shutdown.remote())
         self.metrics.close()
 
 
@@ -218,6 +227,8 @@ def _embedded_cpus(cfg: Config) -> int:
 
     rt = cfg.runtime
     need = rt.rollout_worker_cpus * cfg.rollout.num_workers + rt.learner_cpus + rt.simulator_cpus * cfg.simulators.num_actors
+    if cfg.simulators.sgls is not None:
+        need += cfg.simulators.sgls.num_cpus
     return rt.num_cpus or max(os.cpu_count() or 1, math.ceil(need))
 
 

@@ -53,10 +53,10 @@ def first_per_category(tasks: list, limit: int | None) -> list:
 def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path, limit: int | None = None) -> dict[str, tuple[int, float]]:
     from agentrl.runtime.driver import _init_ray, _model_path, _shard
     from agentrl.runtime.rollout_worker import RolloutWorker
-    from agentrl.runtime.simulator_pool import SimulatorPool
-    from agentrl.tasks.io import resolve_task_source
+    from agentrl.runtime.simulator_pool import SimulatorPool, start_sgls_server
+    from agentrl.tasks.io import resolve_task_sources
 
-    tasks = first_per_category(resolve_task_source(source), limit)  # errors: the CLI reports them
+    tasks = first_per_category(resolve_task_sources(source), limit)  # errors: the CLI reports them
     model_path = _model_path(cfg)
     rollout = cfg.rollout.model_copy(update=GOLD_LIMITS) if gold else cfg.rollout
     print(f"agentrl eval: {len(tasks)} tasks from {source}, policy {'gold' if gold else model_path}", flush=True)
@@ -66,7 +66,10 @@ def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path, limit: 
     t0 = time.perf_counter()
     rt = cfg.runtime
     try:
-        pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency)
+        if any(t.backend == "sgls" for t in tasks) and cfg.simulators.sgls is None:
+            raise ValueError(f"{source} has tasks with backend 'sgls' (LLM-simulated tools): set simulators.sgls")
+        pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency,
+                                    start_sgls_server(cfg, cfg.model.dtype))
         n_workers = cfg.rollout.num_workers
         workers = [
             RolloutWorker.options(num_cpus=rt.rollout_worker_cpus, num_gpus=0 if gold else rt.rollout_worker_gpus).remote(

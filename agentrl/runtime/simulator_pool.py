@@ -19,9 +19,17 @@ from agentrl.tasks.schema import Task, ToolCall
 
 @ray.remote
 class SimulatorActor:
-    def __init__(self) -> None:
+    def __init__(self, sgls_server=None) -> None:
         self.sessions: dict[str, LocalEnvSession] = {}
         self.calls = 0
+        if sgls_server is not None:
+            # Tasks with backend "sgls" get a session answered by the cluster's SGLS server (one
+            # per run, so every episode of a group shares its cache wherever it runs).
+            from agentrl.envs.registry import register_backend
+            from agentrl.envs.sgls import SGLSBackend
+            from agentrl.runtime.sgls_server import RemoteSimulator
+
+            register_backend("sgls", lambda task: SGLSBackend(task, RemoteSimulator(sgls_server)))
 
     def open(self, session_id: str, task: Task) -> None:
         self.sessions[session_id] = LocalEnvSession(task)
@@ -64,10 +72,27 @@ class SimulatorPool:
         self.actors = actors
 
     @classmethod
-    def create(cls, num_actors: int, num_cpus: float, max_concurrency: int) -> "SimulatorPool":
-        return cls([SimulatorActor.options(num_cpus=num_cpus, max_concurrency=max_concurrency).remote() for _ in range(num_actors)])
+    def create(cls, num_actors: int, num_cpus: float, max_concurrency: int, sgls_server=None) -> "SimulatorPool":
+        return cls([SimulatorActor.options(num_cpus=num_cpus, max_concurrency=max_concurrency).remote(sgls_server)
+                    for _ in range(num_actors)])
 
     async def open(self, session_id: str, task: Task) -> RemoteEnvSession:
         actor = self.actors[zlib.crc32(session_id.encode()) % len(self.actors)]
         await actor.open.remote(session_id, task)
         return RemoteEnvSession(actor, session_id)
+
+
+def start_sgls_server(cfg, dtype: str = "float32"):
+    """The run's SGLS server actor from ``simulators.sgls`` (None when not configured)."""
+    sc = cfg.simulators.sgls
+    if sc is None:
+        return None
+    from agentrl.llm import LLMEndpoint
+    from agentrl.runtime.sgls_server import SGLSServer
+
+    common = dict(temperature=sc.temperature, max_tokens=sc.max_tokens, cache_size=sc.cache_size, max_retries=sc.max_retries)
+    actor = SGLSServer.options(num_cpus=sc.num_cpus, num_gpus=sc.num_gpus)
+    if sc.model_path is not None:
+        return actor.remote(model_path=sc.model_path, engine_cfg=sc.engine, dtype=dtype, engine_seed=sc.engine.seed, **common)
+    endpoint = LLMEndpoint(sc.endpoint_url, sc.endpoint_model, api_key_env=sc.api_key_env)
+    return actor.remote(endpoint=endpoint, **common)

@@ -139,13 +139,27 @@ def resolve_task_source(spec: str) -> list[Task]:
         return builtin_split(name)
     if spec.startswith("bfcl:"):
         return _bfcl_source(spec)
+    if spec.startswith("tau2:"):
+        return _tau2_source(spec)
     path = Path(spec)
     if path.suffix.lower() not in (".jsonl", ".parquet") or not path.is_file():
         raise ValueError(
             f"unknown task source {spec!r}: expected builtin:train, builtin:heldout, bfcl:<category>, "
-            "bfcl:<category>:<split> or an existing .jsonl/.parquet file"
+            "bfcl:<category>:<split>, tau2:<airline|retail>[:<train|test|full>] or an existing .jsonl/.parquet file"
         )
     return load_tasks(path)
+
+
+def _tau2_source(spec: str) -> list[Task]:
+    """``tau2:<domain>`` (the test split) or ``tau2:<domain>:<split>``: τ²-bench airline/retail
+    tasks whose tools the LLM simulator answers (backend "sgls")."""
+    parts = spec.split(":")
+    domain, split = parts[1] if len(parts) > 1 else "", parts[2] if len(parts) > 2 else "test"
+    if len(parts) > 3 or domain not in ("airline", "retail") or split not in ("train", "test", "full"):
+        raise ValueError(f"unknown task source {spec!r}: expected tau2:<airline|retail> or tau2:<airline|retail>:<train|test|full>")
+    from agentrl.envs.tau2.tasks import tau2_tasks
+
+    return [t.model_copy(deep=True) for t in tau2_tasks(domain, split)]
 
 
 _BFCL_CATEGORIES = ("base", "miss_func", "miss_param", "long_context", "all")
@@ -163,3 +177,11 @@ def _bfcl_source(spec: str) -> list[Task]:
     from agentrl.envs.bfcl.tasks import bfcl_tasks
 
     return bfcl_tasks(parts[0], parts[1] if len(parts) == 2 else "eval")
+
+
+def resolve_task_sources(spec: str | list[str]) -> list[Task]:
+    """One source or a list of them (``tasks.train`` may mix suites), concatenated in order."""
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    if not specs:
+        raise ValueError("empty list of task sources")
+    return [task for one in specs for task in resolve_task_source(one)]

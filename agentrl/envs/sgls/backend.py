@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from agentrl.envs.checker import TurnCheck
 from agentrl.envs.sgls.cache import SimulationCache, cache_key, canonical_json, history_entry
 from agentrl.envs.sgls.validate import GENERIC_OUTPUT_SCHEMA, validate_call, validate_output
 from agentrl.llm.client import ChatClient, LLMEndpoint
@@ -211,6 +212,34 @@ class SGLSBackend:
 
     def state(self) -> list[dict[str, Any]]:
         return copy.deepcopy(self._history)
+
+    def check_turn(self, turn_index: int, turn_results: list, all_results: list) -> TurnCheck:
+        """Action match (an LLM's answers cannot be replayed into a reference state): the turn
+        passes when every gold call of the turn was made in it with the same name and the same
+        arguments (canonical JSON; calls were schema-validated, so types are already right) and
+        was not rejected by validation. Extra calls are allowed. A turn with empty gold is not
+        checked (passes), as in BFCL: with schema-only tools there is no way to tell a harmless
+        lookup from a write.
+
+        τ²-bench tasks (domain ``tau2-*``) are checked by τ²'s own criterion instead: replaying the
+        agent's calls and the gold actions on the real domain code ends in the same database."""
+        if self.task.domain.startswith("tau2-"):
+            from agentrl.envs.tau2.outcome import outcome_report
+
+            report = outcome_report(self.task, [c for c, _ in all_results])
+            return TurnCheck(passed=report.passed, state_match=report.passed, results_match=True,
+                             reason=report.reason)
+        made = [canonical_json({"name": c.name, "arguments": c.arguments}) for c, obs in turn_results
+                if not (isinstance(obs, dict) and str(obs.get("error", "")).startswith(("invalid arguments", "unknown tool")))]
+        missing = []
+        for gold in self.task.gold_calls(turn_index):
+            key = canonical_json({"name": gold.name, "arguments": gold.arguments})
+            if key in made:
+                made.remove(key)
+            else:
+                missing.append(gold)
+        reason = f"{len(missing)} gold call(s) not made, e.g. {missing[0].name}({missing[0].arguments})" if missing else ""
+        return TurnCheck(passed=not missing, state_match=True, results_match=not missing, reason=reason)
 
 
 class BackgroundLoop:
