@@ -131,9 +131,8 @@ class ToolSimulator:
                 self._inflight[key] = mine
         if pending is not None:  # an identical call is being decoded right now: share its answer
             answer = pending.result()
-            self._count("shared")
-            hit, value = self.cache.lookup(key)
-            return value if hit else copy.deepcopy(answer)
+            self._count("shared")  # not a cache lookup: hit counters stay true cache hits
+            return copy.deepcopy(answer)
         try:
             try:
                 spec = tool_spec if isinstance(tool_spec, ToolSpec) else ToolSpec.model_validate(tool_spec)
@@ -172,12 +171,17 @@ class ToolSimulator:
         return {"error": f"simulator returned invalid output for {name} after {attempts} attempts: {reason}"}, False
 
     def stats(self) -> dict[str, float]:
-        """Counters since start: ``calls`` reaching the simulator, ``cache_hits``/``cache_misses``/
-        ``hit_rate``, ``retries``, ``invalid`` outputs, ``llm_calls``, ``llm_errors``, ``failed``
-        (error observations the simulator produced) and ``shared`` (waits on an identical call)."""
+        """Counters since start: ``calls`` reaching the simulator, ``cache_hits``/``cache_misses``
+        (the cache's own ``hit_rate`` is reported as ``cache_hit_rate``), ``shared`` (waits on an
+        identical call being decoded), ``hit_rate`` = (cache hits + shared) / calls — the share of
+        calls answered without decoding, i.e. reused within the group — ``retries``, ``invalid``
+        outputs, ``llm_calls``, ``llm_errors`` and ``failed`` (error observations produced)."""
         with self._lock:
             out: dict[str, float] = dict(self.counts)
-        out.update(self.cache.stats())
+        cache = self.cache.stats()
+        out.update(cache)
+        out["cache_hit_rate"] = cache.get("hit_rate", 0.0)
+        out["hit_rate"] = (out.get("cache_hits", 0) + out["shared"]) / out["calls"] if out["calls"] else 0.0
         return out
 
 
