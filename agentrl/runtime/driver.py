@@ -101,7 +101,8 @@ class Trainer:
         self.sampler = TaskSampler(cfg, {turn.user for t in heldout for turn in t.turns})
         rt = cfg.runtime
         self.sgls = start_sgls_server(cfg, cfg.model.dtype)
-        self.pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency, self.sgls)
+        self.pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency, self.sgls,
+                                         cfg.simulators.sgls)
         self.workers = [
             RolloutWorker.options(num_cpus=rt.rollout_worker_cpus, num_gpus=rt.rollout_worker_gpus).remote(
                 model_path, cfg.rollout, cfg.model.dtype, self.pool.actors, i, weight_sync=rt.weight_sync,

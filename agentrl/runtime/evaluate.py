@@ -69,7 +69,7 @@ def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path, limit: 
         if any(t.backend == "sgls" for t in tasks) and cfg.simulators.sgls is None:
             raise ValueError(f"{source} has tasks with backend 'sgls' (LLM-simulated tools): set simulators.sgls")
         pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency,
-                                    start_sgls_server(cfg, cfg.model.dtype))
+                                    start_sgls_server(cfg, cfg.model.dtype), cfg.simulators.sgls)
         n_workers = cfg.rollout.num_workers
         workers = [
             RolloutWorker.options(num_cpus=rt.rollout_worker_cpus, num_gpus=0 if gold else rt.rollout_worker_gpus).remote(

@@ -19,7 +19,7 @@ from agentrl.tasks.schema import Task, ToolCall
 
 @ray.remote
 class SimulatorActor:
-    def __init__(self, sgls_server=None) -> None:
+    def __init__(self, sgls_server=None, sgls_seed: int | None = None, sgls_timeout_s: float = 300.0) -> None:
         self.sessions: dict[str, LocalEnvSession] = {}
         self.calls = 0
         if sgls_server is not None:
@@ -29,7 +29,7 @@ class SimulatorActor:
             from agentrl.envs.sgls import SGLSBackend
             from agentrl.runtime.sgls_server import RemoteSimulator
 
-            register_backend("sgls", lambda task: SGLSBackend(task, RemoteSimulator(sgls_server)))
+            register_backend("sgls", lambda task: SGLSBackend(task, RemoteSimulator(sgls_server, sgls_timeout_s), seed=sgls_seed))
 
     def open(self, session_id: str, task: Task) -> None:
         self.sessions[session_id] = LocalEnvSession(task)
@@ -72,8 +72,10 @@ class SimulatorPool:
         self.actors = actors
 
     @classmethod
-    def create(cls, num_actors: int, num_cpus: float, max_concurrency: int, sgls_server=None) -> "SimulatorPool":
-        return cls([SimulatorActor.options(num_cpus=num_cpus, max_concurrency=max_concurrency).remote(sgls_server)
+    def create(cls, num_actors: int, num_cpus: float, max_concurrency: int, sgls_server=None, sgls_cfg=None) -> "SimulatorPool":
+        seed = sgls_cfg.seed if sgls_cfg is not None else None
+        timeout = sgls_cfg.request_timeout_s if sgls_cfg is not None else 300.0
+        return cls([SimulatorActor.options(num_cpus=num_cpus, max_concurrency=max_concurrency).remote(sgls_server, seed, timeout)
                     for _ in range(num_actors)])
 
     async def open(self, session_id: str, task: Task) -> RemoteEnvSession:
@@ -90,7 +92,8 @@ def start_sgls_server(cfg, dtype: str = "float32"):
     from agentrl.llm import LLMEndpoint
     from agentrl.runtime.sgls_server import SGLSServer
 
-    common = dict(temperature=sc.temperature, max_tokens=sc.max_tokens, cache_size=sc.cache_size, max_retries=sc.max_retries)
+    common = dict(temperature=sc.temperature, max_tokens=sc.max_tokens, cache_size=sc.cache_size, max_retries=sc.max_retries,
+                  max_state_chars=sc.max_state_chars)
     actor = SGLSServer.options(num_cpus=sc.num_cpus, num_gpus=sc.num_gpus)
     if sc.model_path is not None:
         return actor.remote(model_path=sc.model_path, engine_cfg=sc.engine, dtype=dtype, engine_seed=sc.engine.seed, **common)
