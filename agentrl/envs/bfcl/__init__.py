@@ -16,9 +16,10 @@ the first time a task with ``backend == "bfcl"`` needs a backend, and
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from pathlib import Path
+
+from agentrl.envs.pinned import require_pinned
 
 BFCL_VERSION = "2026.3.23"
 INSTALL_COMMAND = f"pip install --no-deps bfcl-eval=={BFCL_VERSION}"
@@ -36,16 +37,7 @@ def require_bfcl() -> None:
     ``--no-deps`` in the install command is deliberate: bfcl-eval's declared dependencies pull
     every model vendor's SDK, and only its data, API classes and checker are used here.
     """
-    try:
-        found = importlib.metadata.version("bfcl-eval")
-    except importlib.metadata.PackageNotFoundError:
-        found = None
-    if found != BFCL_VERSION:
-        have = "it is not installed" if found is None else f"version {found} is installed"
-        raise RuntimeError(
-            f"agentrl.envs.bfcl needs the package bfcl-eval=={BFCL_VERSION} ({have}); "
-            f"install it with: {INSTALL_COMMAND}"
-        )
+    require_pinned("bfcl-eval", BFCL_VERSION, "agentrl.envs.bfcl", INSTALL_COMMAND)
 
 
 os.environ.setdefault("BFCL_PROJECT_ROOT", str(bfcl_project_root()))

