@@ -179,3 +179,13 @@ def test_segments_come_from_the_parsed_structure(group, task, formatter):
     assert cut.rewards["summary"] == 0.0 and cut.rewards["omission"] == 0.0
     prose = _episode(task, CutOff(formatter, "Let me look that up and then"), formatter)
     assert prose.termination == "length" and SEG_SUMMARY not in prose.segments  # closed no turn
+
+
+def test_every_configurable_estimator_has_a_batch_builder(group):
+    """config.schema.KNOWN_ADVANTAGES (validated without torch) and runtime.batching agree."""
+    from agentrl.config.schema import KNOWN_ADVANTAGES
+
+    for name in sorted(KNOWN_ADVANTAGES):
+        extra = ["algo.critic.lr=1e-5"] if name == "ppo" else []
+        batch, _ = build_batch([group], _algo(f"algo.advantage={name}", *extra))
+        assert len(batch["input_ids"]) == len(group["episodes"]), name

@@ -107,18 +107,27 @@ class RolloutConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
 
 
+class EndpointConfig(Section):
+    """An OpenAI-compatible LLM endpoint (the LLM judge, the LLM tool simulator)."""
+
+    # Base URL of an OpenAI-compatible endpoint, e.g. http://host:8000/v1 (a `vllm serve`).
+    base_url: NonEmptyStr
+    # Model name the endpoint serves.
+    model: NonEmptyStr
+    # Environment variable holding the API key; null = no key.
+    api_key_env: NonEmptyStr | None = None
+    # Per-request timeout in seconds.
+    timeout_s: PosFloat = 60.0
+
+
 class SGLSConfig(Section):
     # Model folder of the simulator LLM, served by an in-cluster vLLM engine; null = use
-    # endpoint_url instead.
+    # endpoint instead.
     model_path: NonEmptyStr | None = None
     # OpenAI-compatible endpoint of the simulator LLM (e.g. a `vllm serve`), used when model_path
     # is null. Start vLLM servers with --structured-outputs-config
     # '{"backend": "xgrammar", "disable_any_whitespace": true}' (see agentrl/llm/client.py).
-    endpoint_url: NonEmptyStr | None = None
-    # Model name the endpoint serves.
-    endpoint_model: NonEmptyStr | None = None
-    # Environment variable holding the endpoint's API key; null = no key.
-    api_key_env: NonEmptyStr | None = None
+    endpoint: EndpointConfig | None = None
     # Sampling temperature of simulated responses (0 = greedy).
     temperature: NonNegFloat = 0.0
     # Token budget of one simulated response.
@@ -143,11 +152,9 @@ class SGLSConfig(Section):
 
     @model_validator(mode="after")
     def _one_llm(self) -> "SGLSConfig":
-        if (self.model_path is None) == (self.endpoint_url is None):
+        if (self.model_path is None) == (self.endpoint is None):
             raise ValueError(f"simulators.sgls.model_path={self.model_path!r}: give exactly one of model_path "
-                             "(in-cluster vLLM) and endpoint_url (OpenAI-compatible)")
-        if self.endpoint_url is not None and self.endpoint_model is None:
-            raise ValueError("simulators.sgls.endpoint_model=None: endpoint_url needs the model name it serves")
+                             "(in-cluster vLLM) and endpoint (OpenAI-compatible)")
         return self
 
 
@@ -282,17 +289,6 @@ class TrainConfig(Section):
     max_minutes: PosFloat | None = None
 
 
-class JudgeConfig(Section):
-    # Base URL of an OpenAI-compatible endpoint, e.g. http://host:8000/v1 (a `vllm serve`).
-    base_url: NonEmptyStr
-    # Model name the endpoint serves.
-    model: NonEmptyStr
-    # Environment variable holding the API key; null = no key.
-    api_key_env: NonEmptyStr | None = None
-    # Per-request timeout in seconds.
-    timeout_s: PosFloat = 60.0
-
-
 class HierRConfig(Section):
     # Weights of the HierR process score R_tool, renormalized to sum to 1; defaults from the
     # SLCA-GRPO paper (DESIGN §3). Weight of format (valid call blocks / call blocks).
@@ -320,7 +316,7 @@ class RewardsConfig(Section):
     # Answers longer than this many characters lose summary reward (rule scorer).
     summary_max_chars: PosInt = 400
     # LLM judge endpoint (summary = judge).
-    judge: JudgeConfig | None = None
+    judge: EndpointConfig | None = None
     # HierR process-reward weights.
     hierr: HierRConfig = Field(default_factory=HierRConfig)
 

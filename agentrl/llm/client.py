@@ -42,6 +42,11 @@ class LLMEndpoint:
     timeout_s: float = 60
     max_retries: int = 2
 
+    @classmethod
+    def from_config(cls, cfg) -> "LLMEndpoint":
+        """From a ``config.schema.EndpointConfig`` (base_url, model, api_key_env, timeout_s)."""
+        return cls(cfg.base_url, cfg.model, api_key_env=cfg.api_key_env, timeout_s=cfg.timeout_s)
+
     def describe(self) -> str:
         return f"LLM endpoint {self.base_url} (model {self.model!r})"
 

@@ -24,13 +24,11 @@ from agentrl.runtime.env import set_default_env
 class TaskSampler:
     """Training tasks per step: shuffled passes over the train set, or fresh generated tasks."""
 
-    def __init__(self, cfg: Config, heldout_texts: set[str]):
-        from agentrl.tasks.io import resolve_task_sources
-
+    def __init__(self, cfg: Config, train_tasks: list, heldout_texts: set[str]):
         self.cfg = cfg
         self.rng = random.Random(cfg.run.seed)
         self.heldout_texts = heldout_texts
-        self.tasks = [] if cfg.tasks.fresh_train else resolve_task_sources(cfg.tasks.train)
+        self.tasks = [] if cfg.tasks.fresh_train else list(train_tasks)
         self.order: list = []
         self.fresh_seed = 1_000_000 + cfg.run.seed * 10_000
 
@@ -58,21 +56,24 @@ def _shard(items: list, n: int) -> list[list]:
     return [items[i::n] for i in range(n)]
 
 
-def _check_task_sources(cfg: Config) -> None:
-    """Load tasks.train and tasks.heldout once up front (loaders cache): a bad path, a malformed
-    file or a missing/wrong bfcl-eval is reported with its key, not as a traceback mid-start."""
+def _load_task_sources(cfg: Config) -> dict[str, list]:
+    """tasks.heldout and (unless fresh_train) tasks.train, loaded once, before the run folder and
+    Ray exist: a bad path, a malformed file or a missing/wrong benchmark package is reported with
+    its key, not as a traceback mid-start."""
     from agentrl.tasks.io import TaskFileError, resolve_task_sources
 
     keys = ["heldout"] + ([] if cfg.tasks.fresh_train else ["train"])
+    loaded: dict[str, list] = {"train": []}
     for key in keys:
         try:
-            tasks = resolve_task_sources(getattr(cfg.tasks, key))
+            tasks = loaded[key] = resolve_task_sources(getattr(cfg.tasks, key))
         except (TaskFileError, ValueError, RuntimeError) as err:
             raise SystemExit(f"error: tasks.{key}: {err}") from None
         n_sgls = sum(t.backend == "sgls" for t in tasks)
         if n_sgls and cfg.simulators.sgls is None:
             raise SystemExit(f"error: tasks.{key}: {n_sgls} tasks use backend 'sgls' (LLM-simulated tools) but "
-                             "simulators.sgls is not set (give it model_path or endpoint_url)")
+                             "simulators.sgls is not set (give it model_path or endpoint)")
+    return loaded
 
 
 def _model_path(cfg: Config) -> str:
@@ -84,21 +85,20 @@ def _model_path(cfg: Config) -> str:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path):
+    def __init__(self, cfg: Config, run_dir: Path, tasks: dict[str, list]):
         from agentrl.runtime.learner import LearnerActor
         from agentrl.runtime.replay_buffer import ReplayBuffer
         from agentrl.runtime.rollout_worker import RolloutWorker
         from agentrl.runtime.simulator_pool import SimulatorPool, start_sgls_server
         from agentrl.runtime.weight_sync import make_weight_sync
-        from agentrl.tasks.io import resolve_task_sources
         from agentrl.telemetry.metrics import MetricsSink
         from agentrl.telemetry.progress import ProgressLine
 
         self.cfg, self.run_dir = cfg, run_dir
         model_path = _model_path(cfg)
-        heldout = resolve_task_sources(cfg.tasks.heldout)
+        heldout = tasks["heldout"]
         self.heldout = heldout[: cfg.tasks.heldout_size] if cfg.tasks.heldout_size else heldout
-        self.sampler = TaskSampler(cfg, {turn.user for t in heldout for turn in t.turns})
+        self.sampler = TaskSampler(cfg, tasks["train"], {turn.user for t in heldout for turn in t.turns})
         rt = cfg.runtime
         self.sgls = start_sgls_server(cfg, cfg.model.dtype)
         self.pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency, self.sgls,
@@ -240,7 +240,7 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
 
     set_default_env()
     _model_path(cfg)  # a missing model or task set fails here: before a run folder exists or Ray starts
-    _check_task_sources(cfg)
+    tasks = _load_task_sources(cfg)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -254,7 +254,7 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
 
     owns_ray = _init_ray(cfg)
     t_start = time.perf_counter()
-    trainer = Trainer(cfg, run_dir)
+    trainer = Trainer(cfg, run_dir, tasks)
     evals: dict[str, dict[str, float]] = {}
     try:
         if cfg.train.eval_at_start:

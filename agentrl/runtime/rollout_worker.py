@@ -105,8 +105,7 @@ class RolloutWorker:
         if rc is not None and rc.summary == "judge":
             from agentrl.llm import ChatClient, LLMEndpoint
 
-            j = rc.judge
-            self.judge = ChatClient(LLMEndpoint(j.base_url, j.model, api_key_env=j.api_key_env, timeout_s=j.timeout_s))
+            self.judge = ChatClient(LLMEndpoint.from_config(rc.judge))
         return time.perf_counter() - t0
 
     def _score(self, ep: Episode, task: Task) -> None:

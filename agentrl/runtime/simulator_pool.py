@@ -97,5 +97,4 @@ def start_sgls_server(cfg, dtype: str = "float32"):
     actor = SGLSServer.options(num_cpus=sc.num_cpus, num_gpus=sc.num_gpus)
     if sc.model_path is not None:
         return actor.remote(model_path=sc.model_path, engine_cfg=sc.engine, dtype=dtype, engine_seed=sc.engine.seed, **common)
-    endpoint = LLMEndpoint(sc.endpoint_url, sc.endpoint_model, api_key_env=sc.api_key_env)
-    return actor.remote(endpoint=endpoint, **common)
+    return actor.remote(endpoint=LLMEndpoint.from_config(sc.endpoint), **common)

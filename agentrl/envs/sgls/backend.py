@@ -233,8 +233,8 @@ class SGLSBackend:
             report = outcome_report(self.task, [c for c, _ in all_results])
             return TurnCheck(passed=report.passed, state_match=report.passed, results_match=True,
                              reason=report.reason)
-        made = [canonical_json({"name": c.name, "arguments": c.arguments}) for c, obs in turn_results
-                if not (isinstance(obs, dict) and str(obs.get("error", "")).startswith(("invalid arguments", "unknown tool")))]
+        made = [canonical_json({"name": c.name, "arguments": c.arguments}) for c, _ in turn_results
+                if validate_call(self.task.tools, c) is None]
         missing = []
         for gold in self.task.gold_calls(turn_index):
             key = canonical_json({"name": gold.name, "arguments": gold.arguments})
