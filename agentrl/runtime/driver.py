@@ -20,6 +20,9 @@ import ray
 from agentrl.config import Config, dump_config
 from agentrl.runtime.env import set_default_env
 
+POOL_LOG = "rods_pool.jsonl"  # append-only RODS pool events (one JSON object per line)
+POOL_STATE = "rods_pool.json"  # the RODS pool in a checkpoint folder
+
 
 class TaskSampler:
     """Training tasks per step: shuffled passes over the train set, or fresh generated tasks."""
@@ -98,7 +101,14 @@ class Trainer:
         model_path = _model_path(cfg)
         heldout = tasks["heldout"]
         self.heldout = heldout[: cfg.tasks.heldout_size] if cfg.tasks.heldout_size else heldout
-        self.sampler = TaskSampler(cfg, tasks["train"], {turn.user for t in heldout for turn in t.turns})
+        heldout_texts = {turn.user for t in heldout for turn in t.turns}
+        self.sampler = TaskSampler(cfg, tasks["train"], heldout_texts)
+        self.rods = None
+        if cfg.rods.enabled:  # the pool replaces the sampler; seeds = tasks.train
+            from agentrl.runtime.synthesis_actor import SynthesisActor
+
+            self.rods = SynthesisActor.options(num_cpus=cfg.rods.num_cpus, num_gpus=cfg.rods.num_gpus).remote(
+                tasks["train"], cfg.rods, cfg.rollout.tasks_per_step, frozenset(heldout_texts), cfg.run.seed, cfg.model.dtype)
         rt = cfg.runtime
         self.sgls = start_sgls_server(cfg, cfg.model.dtype)
         self.pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency, self.sgls,
@@ -138,7 +148,10 @@ class Trainer:
     def step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        tasks = self.sampler.next(cfg.rollout.tasks_per_step)
+        if self.rods is not None:
+            tasks = ray.get(self.rods.sample.remote(step, cfg.rollout.tasks_per_step))
+        else:
+            tasks = self.sampler.next(cfg.rollout.tasks_per_step)
         calls = [
             w.rollout.remote(shard, cfg.rollout.group_size, cfg.rollout.temperature, cfg.rollout.top_p, cfg.run.seed * 100_003 + step * 101 + i)
             for i, (w, shard) in enumerate(zip(self.workers, _shard(tasks, len(self.workers))))
@@ -149,6 +162,8 @@ class Trainer:
             summaries += sums
             entries += [([ref], s["version"]) for ref, s in zip(refs, sums)]
         ray.get(self.buffer.add.remote(entries))
+        if self.rods is not None:  # boundary statistics from the batch itself: no extra rollouts
+            self.rods.observe.remote(step, [(s["task_id"], s["progress"]) for s in summaries])
         t_gen = time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -171,6 +186,8 @@ class Trainer:
             "train/success": sum(outcomes) / n,
             "train/progress": mean_p,
             "train/reward_std": sum(group_std) / max(1, len(group_std)),
+            # groups whose progress rewards differ: the ones a group-relative estimator learns from
+            "train/groups_with_variance": sum(sd > 0 for sd in group_std) / max(1, len(group_std)),
             "train/episodes": float(len(outcomes)),
             "train/policy_tokens": float(tokens),
             "perf/tokens_per_s": tokens / max(t_gen, 1e-9),
@@ -191,9 +208,23 @@ class Trainer:
         m.update({f"buffer/{k}": float(v) for k, v in ray.get(self.buffer.stats.remote()).items()})
         if self.sgls is not None:  # simulated tool calls, cache hit rate within groups, retries
             m.update({f"sgls/{k}": float(v) for k, v in ray.get(self.sgls.stats.remote()).items()})
+        if self.rods is not None:  # pool size, regions, phi histogram, synthesis throughput
+            rods_metrics, events = ray.get(self.rods.report.remote())
+            m.update(rods_metrics)
+            with (self.run_dir / POOL_LOG).open("a", encoding="utf-8") as fh:
+                fh.writelines(json.dumps(e) + "\n" for e in events)
         return m
 
+    def save(self, out_dir: Path) -> None:
+        """Learner weights (+ the RODS pool as rods_pool.json) into ``out_dir``."""
+        ray.get(self.learner.save.remote(str(out_dir.resolve())))
+        if self.rods is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / POOL_STATE).write_text(json.dumps(ray.get(self.rods.state_dict.remote())))
+
     def shutdown(self) -> None:
+        if self.rods is not None:
+            ray.get(self.rods.shutdown.remote())
         ray.get([w.shutdown.remote() for w in self.workers])
         if self.sgls is not None:
             ray.get(self.sgls.shutdown.remote())
@@ -230,6 +261,8 @@ def _embedded_cpus(cfg: Config) -> int:
     need = rt.rollout_worker_cpus * cfg.rollout.num_workers + rt.learner_cpus + rt.simulator_cpus * cfg.simulators.num_actors
     if cfg.simulators.sgls is not None:
         need += cfg.simulators.sgls.num_cpus
+    if cfg.rods.enabled:
+        need += cfg.rods.num_cpus
     return rt.num_cpus or max(os.cpu_count() or 1, math.ceil(need))
 
 
@@ -269,7 +302,7 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
                 e = trainer.evaluate()
                 trainer.metrics.log(step, {f"eval/{k}": v for k, v in e.items()})
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-                ray.get(trainer.learner.save.remote(str((run_dir / f"checkpoint-{step}").resolve())))
+                trainer.save(run_dir / f"checkpoint-{step}")
             if deadline and time.perf_counter() > deadline:
                 print(f"train.max_minutes reached after step {step}", flush=True)
                 break
@@ -277,7 +310,7 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
         if cfg.train.eval_at_end:
             evals["end"] = trainer.evaluate()
             trainer.metrics.log(step, {f"eval/{k}": v for k, v in evals["end"].items()})
-        ray.get(trainer.learner.save.remote(str((run_dir / "final").resolve())))
+        trainer.save(run_dir / "final")
     finally:
         trainer.shutdown()
         if owns_ray:

@@ -26,6 +26,7 @@ import functools
 import random
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from agentrl.envs.builtin.ops import Op, PlanBuilder, Reject, Req
@@ -41,9 +42,10 @@ SPLIT_SIZES = {"train": 400, "heldout": 200}
 
 
 # -- turns --------------------------------------------------------------------------------------
-def base_turn(b: PlanBuilder) -> Turn:
-    """1-3 calls from one or more operations, one sentence each."""
-    target = b.rng.choices((1, 2, 3), (0.4, 0.35, 0.25))[0]
+def base_turn(b: PlanBuilder, target: int | None = None) -> Turn:
+    """1-3 calls (``target``, drawn when None) from one or more operations, one sentence each."""
+    if target is None:
+        target = b.rng.choices((1, 2, 3), (0.4, 0.35, 0.25))[0]
     ops: list[Op] = []
     steps: list[list] = []
     last_touched: frozenset[str] = frozenset()
@@ -138,11 +140,27 @@ def dependency_depth(task: Task) -> int:
 
 
 # -- tasks and splits ---------------------------------------------------------------------------
-def _draw(rng: random.Random) -> Task:
-    category = rng.choices([c for c, _ in CATEGORIES], [w for _, w in CATEGORIES])[0]
-    domains = sorted(rng.sample(sorted(DOMAIN_LABEL), rng.choices((1, 2), (0.7, 0.3))[0]))
-    n_turns = rng.choice((1, 2, 2, 3, 3, 4) if category == "base" else (2, 3, 3, 4))
-    miss_at = rng.randrange(n_turns - 1) if category != "base" else -1
+@dataclass(frozen=True)
+class Shape:
+    """A fixed task shape for ``draw_shaped``: category, domain classes and calls per turn (in a
+    miss_* task the empty-gold turn is the first 0; the turn after it is its single-call follow-up)."""
+
+    category: str
+    domains: tuple[str, ...]
+    calls_per_turn: tuple[int, ...]
+
+
+def _draw(rng: random.Random, shape: Shape | None = None) -> Task:
+    if shape is None:
+        category = rng.choices([c for c, _ in CATEGORIES], [w for _, w in CATEGORIES])[0]
+        domains = sorted(rng.sample(sorted(DOMAIN_LABEL), rng.choices((1, 2), (0.7, 0.3))[0]))
+        n_turns = rng.choice((1, 2, 2, 3, 3, 4) if category == "base" else (2, 3, 3, 4))
+        miss_at = rng.randrange(n_turns - 1) if category != "base" else -1
+    else:
+        category, domains, n_turns = shape.category, sorted(shape.domains), len(shape.calls_per_turn)
+        miss_at = shape.calls_per_turn.index(0) if category != "base" and 0 in shape.calls_per_turn else -1
+        if category != "base" and miss_at < 0:
+            raise ValueError(f"shape {shape}: a {category} task needs an empty-gold turn")
     builder = PlanBuilder(rng, domains)
     turns: list[Turn] = []
     while len(turns) < n_turns:
@@ -153,7 +171,7 @@ def _draw(rng: random.Random) -> Task:
                 t.withheld_tools = list(pair[0].withheld_tools)
             turns.extend(pair)
         else:
-            turns.append(base_turn(builder))
+            turns.append(base_turn(builder, shape.calls_per_turn[len(turns)] if shape else None))
     task = Task(
         id="pending",
         domain="+".join(DOMAIN_LABEL[d] for d in domains),
@@ -168,6 +186,15 @@ def _draw(rng: random.Random) -> Task:
     if canonical(gold_replay(task)[-1].state) != canonical(builder.backend.state()):
         raise RuntimeError("generator bug: replaying the gold plan does not reproduce the live state")
     return task
+
+
+def draw_shaped(rng: random.Random, shape: Shape) -> Task:
+    """One task of exactly ``shape``'s category and domains with, when the draw allows it, its
+    calls per turn (operations may fall short of a turn's target: compare signatures to be sure).
+    Raises ``Reject`` when this draw cannot make such a task; draw again from the same rng."""
+    if any(not 0 <= c <= 3 for c in shape.calls_per_turn) or not shape.calls_per_turn:
+        raise ValueError(f"shape {shape}: calls per turn must be 0..3, at least one turn")
+    return _draw(rng, shape)
 
 
 def _text_key(task: Task) -> tuple[str, ...]:

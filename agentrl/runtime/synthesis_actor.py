@@ -1,0 +1,178 @@
+"""SynthesisActor: the RODS active pool and its synthesizer, as one Ray actor (DESIGN.md §5).
+
+The driver talks to it three times a step, all cheap: ``sample`` (training tasks from the pool),
+``observe`` (the group rewards of the batch just rolled out; fire-and-forget) and ``report``
+(metrics plus the pool events since the last report, which the driver appends to the run's
+``rods_pool.jsonl``). RPCs run one at a time, in submission order, so an observation always
+lands before the next sample.
+
+Synthesis runs on a background thread of the actor: seeds chosen by ``observe`` go to a queue,
+the thread makes variants and offers them to the pool under a lock. Training never waits for
+it — a slow LLM only makes the backlog grow (``synth/seed_backlog``); queued seeds beyond
+``4 × quota`` per category are dropped oldest-first and counted. A synthesizer that raises (an
+unreachable endpoint, a bug on an odd seed) costs that seed only: the error is counted and
+logged, the thread carries on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections import Counter, deque
+
+import ray
+
+from agentrl.rods.pool import ActivePool
+
+
+def build_synthesizer(rods_cfg, dtype: str = "float32"):
+    """The configured synthesizer and a close() for whatever LLM it owns."""
+    if rods_cfg.synthesizer == "resample":
+        from agentrl.rods.resample import ResampleSynthesizer
+
+        return ResampleSynthesizer(), lambda: None
+    from agentrl.rods.llm_synth import LLMSynthesizer
+
+    llm_cfg = rods_cfg.llm
+    if llm_cfg.endpoint is not None:
+        from agentrl.envs.sgls.backend import OpenAILLM
+        from agentrl.llm.client import LLMEndpoint
+
+        llm = OpenAILLM(LLMEndpoint.from_config(llm_cfg.endpoint), llm_cfg.temperature, llm_cfg.max_tokens)
+        return LLMSynthesizer(llm, llm_cfg), llm.close
+    from agentrl.envs.sgls.backend import BackgroundLoop
+    from agentrl.runtime.sgls_server import EngineLLM, _start_engine, _stop_engine
+
+    loop = BackgroundLoop("rods-engine")
+    engine = _start_engine(loop, llm_cfg.model_path, llm_cfg.engine, dtype, rods_cfg.seed)
+    llm = EngineLLM(engine, loop, llm_cfg.temperature, llm_cfg.max_tokens)
+
+    def close():
+        _stop_engine(loop, engine)
+        loop.close()
+
+    return LLMSynthesizer(llm, llm_cfg), close
+
+
+@ray.remote
+class SynthesisActor:
+    def __init__(self, seeds: list, rods_cfg, tasks_per_step: int, forbidden_texts: frozenset[str], run_seed: int = 0,
+                 dtype: str = "float32", state: dict | None = None):
+        self.cfg = rods_cfg
+        self.lock = threading.Lock()
+        self.events: list[dict] = []
+        if state is None:
+            self.pool = ActivePool(seeds, rods_cfg, tasks_per_step, forbidden_texts, rng_seed=run_seed, log=self.events.append)
+        else:
+            self.pool = ActivePool.from_state(state, rods_cfg, tasks_per_step, forbidden_texts, log=self.events.append)
+        self.synth, self._close_llm = build_synthesizer(rods_cfg, dtype)
+        self.base_seed = run_seed * 1_000_003 + rods_cfg.seed
+        self.jobs = 0  # synthesis jobs started; with base_seed it seeds each job
+        self.queue: deque = deque()  # (step, seed task)
+        # Seeds waiting for synthesis: four selections' worth; older ones are stale by then.
+        self.max_queue = 4 * rods_cfg.quota_per_category * len({t.category for t in seeds})
+        self.busy = False
+        self.counts: Counter = Counter()  # jobs, attempts, candidates, queued, dropped_seeds, errors, failures:*
+        self.busy_seconds = 0.0
+        self.wake = threading.Condition(self.lock)
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="rods-synthesis", daemon=True)
+        self.thread.start()
+
+    # ------------------------------------------------------------------ driver RPCs
+    def sample(self, step: int, n: int) -> list:
+        with self.lock:
+            return self.pool.sample(step, n)
+
+    def observe(self, step: int, groups: list[tuple[str, list[float]]]) -> None:
+        with self.lock:
+            self.pool.observe(step, groups)
+            if step % self.cfg.select_every == 0:
+                for task in self.pool.select(step):
+                    self.queue.append((step, task))
+                while len(self.queue) > self.max_queue:
+                    _, dropped = self.queue.popleft()
+                    self.counts["dropped_seeds"] += 1
+                    self.events.append({"step": step, "event": "drop_seed", "task_id": dropped.id})
+                self.wake.notify_all()
+
+    def report(self) -> tuple[dict[str, float], list[dict]]:
+        """Metrics now, and the pool events since the last report (the caller persists them)."""
+        with self.lock:
+            m = self.pool.metrics()
+            c = self.counts
+            m.update({
+                "synth/jobs": float(c["jobs"]), "synth/attempts": float(c["attempts"]),
+                "synth/candidates": float(c["candidates"]), "synth/queued": float(c["queued"]),
+                # queued / generation attempts (for resample: shaped draws; for llm: plans tried)
+                "synth/acceptance_rate": c["queued"] / max(1, c["attempts"]),
+                # queued / candidates the synthesizer returned (the pool's gates: re-execution, duplicates)
+                "synth/gate_pass_rate": c["queued"] / max(1, c["candidates"]),
+                "synth/seed_backlog": float(len(self.queue) + self.busy),
+                "synth/dropped_seeds": float(c["dropped_seeds"]), "synth/errors": float(c["errors"]),
+                "synth/busy_seconds": self.busy_seconds,
+                "synth/variants_per_busy_s": c["queued"] / max(self.busy_seconds, 1e-9),
+            })
+            for key, value in c.items():
+                if key.startswith("failures:"):
+                    m[f"synth/fail_{key.split(':', 1)[1]}"] = float(value)
+            events, self.events[:] = list(self.events), []
+            return m, events
+
+    def state_dict(self) -> dict:
+        with self.lock:
+            return self.pool.state_dict()
+
+    def wait_idle(self, timeout_s: float = 600.0) -> bool:
+        """Block until the seed queue is empty and no job runs (tests, and a final drain)."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while (self.queue or self.busy) and time.monotonic() < deadline:
+                self.wake.wait(timeout=0.2)
+            return not (self.queue or self.busy)
+
+    def shutdown(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self.wake.notify_all()
+        self.thread.join(timeout=30)
+        self._close_llm()
+
+    # ------------------------------------------------------------------ synthesis thread
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                while not self.queue and not self.stopping:
+                    self.wake.wait()
+                if self.stopping:
+                    return
+                step, seed = self.queue.popleft()
+                self.busy = True
+                job = self.jobs
+                self.jobs += 1
+            t0 = time.perf_counter()
+            try:
+                result = self.synth.synthesize(seed, self.cfg.variants_per_seed, self.base_seed + job)
+                error = None
+            except Exception as exc:  # noqa: BLE001 - a synthesizer bug must not end synthesis
+                result, error = None, f"{type(exc).__name__}: {exc}"
+                tb = traceback.format_exc(limit=5)
+            with self.lock:
+                self.busy_seconds += time.perf_counter() - t0
+                self.counts["jobs"] += 1
+                if result is None:
+                    self.counts["errors"] += 1
+                    self.events.append({"step": step, "event": "synth_error", "parent_id": seed.id, "error": error,
+                                        "traceback": tb})
+                else:
+                    self.counts["attempts"] += result.attempts
+                    self.counts["candidates"] += len(result.tasks)
+                    for reason, n in result.failures.items():
+                        self.counts[f"failures:{reason}"] += n
+                    self.counts["queued"] += self.pool.offer(step, seed, result.tasks, self.synth.name)
+                    self.events.append({"step": step, "event": "synthesized", "parent_id": seed.id,
+                                        "attempts": result.attempts, "candidates": len(result.tasks),
+                                        "failures": dict(result.failures)})
+                self.busy = False
+                self.wake.notify_all()
