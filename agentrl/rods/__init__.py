@@ -1,8 +1,10 @@
 """RODS: online data synthesis around the model's competence boundary (DESIGN.md §5).
 
-Pure, Ray-free building blocks: the boundary detector and seed selection (``boundary``) and the
-skill signature a synthesized variant must preserve (``signature``). The synthesis actor and the
-active pool build on these.
+Ray-free: the boundary detector and seed selection (``boundary``), the skill signature a variant
+keeps (``signature``), the synthesizer interface and the gates every variant passes
+(``synthesizer``), the synthesizers (``resample`` for builtin tasks, ``resample_bfcl`` for BFCL,
+``llm_synth`` with ``llm_prompts`` / ``llm_checks``), and the active pool (``pool``). The Ray
+shell holding a pool and a synthesizer is ``agentrl.runtime.synthesis_actor``.
 """
 
 from agentrl.rods.boundary import REGIONS, GroupStat, group_stat, phi, region, select_seeds

@@ -34,25 +34,34 @@ def build_synthesizer(rods_cfg, dtype: str = "float32"):
         return ResampleSynthesizer(), lambda: None
     from agentrl.rods.llm_synth import LLMSynthesizer
 
+    # The planner and rewriter sample at llm.temperature; the judge decodes greedily.
     llm_cfg = rods_cfg.llm
     if llm_cfg.endpoint is not None:
         from agentrl.envs.sgls.backend import OpenAILLM
         from agentrl.llm.client import LLMEndpoint
 
-        llm = OpenAILLM(LLMEndpoint.from_config(llm_cfg.endpoint), llm_cfg.temperature, llm_cfg.max_tokens)
-        return LLMSynthesizer(llm, llm_cfg), llm.close
+        endpoint = LLMEndpoint.from_config(llm_cfg.endpoint)
+        llm = OpenAILLM(endpoint, llm_cfg.temperature, llm_cfg.max_tokens)
+        judge = OpenAILLM(endpoint, 0.0, llm_cfg.max_tokens)
+
+        def close_endpoint():
+            llm.close()
+            judge.close()
+
+        return LLMSynthesizer(llm, llm_cfg, judge_llm=judge), close_endpoint
     from agentrl.envs.sgls.backend import BackgroundLoop
     from agentrl.runtime.sgls_server import EngineLLM, _start_engine, _stop_engine
 
     loop = BackgroundLoop("rods-engine")
     engine = _start_engine(loop, llm_cfg.model_path, llm_cfg.engine, dtype, rods_cfg.seed)
     llm = EngineLLM(engine, loop, llm_cfg.temperature, llm_cfg.max_tokens)
+    judge = EngineLLM(engine, loop, 0.0, llm_cfg.max_tokens)
 
-    def close():
+    def close_engine():
         _stop_engine(loop, engine)
         loop.close()
 
-    return LLMSynthesizer(llm, llm_cfg), close
+    return LLMSynthesizer(llm, llm_cfg, judge_llm=judge), close_engine
 
 
 @ray.remote
