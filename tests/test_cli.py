@@ -180,3 +180,16 @@ def test_bad_task_source_fails_before_run_folder_and_ray(tmp_path, tiny_model_di
     assert proc.returncode != 0
     assert "tasks.heldout: unknown task source 'bfcl:nope'" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "runs").exists()
+
+
+def test_rods_config_errors_fail_before_run_folder_and_ray(tmp_path, tiny_model_dir):
+    base = [sys.executable, "-m", "agentrl.cli", "train", QUICKSTART, f"model.path={tiny_model_dir}",
+            f"run.output_dir={tmp_path / 'runs'}", "rods.enabled=true"]
+    # the quickstart draws fresh tasks each step; RODS needs a fixed seed set
+    proc = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "rods.enabled" in proc.stderr and "tasks.fresh_train=false" in proc.stderr, proc.stderr
+    proc = subprocess.run(base + ["tasks.fresh_train=false", f"rods.resume_from={tmp_path / 'nope.json'}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert f"rods.resume_from: cannot read the pool state {tmp_path / 'nope.json'}" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "runs").exists()

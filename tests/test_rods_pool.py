@@ -75,7 +75,10 @@ def test_resample_counts_what_it_cannot_do(seeds):
 def test_gates_reject_duplicates_heldout_text_and_broken_plans(seeds, variants):
     v = next(vs[0] for vs in variants.values() if vs)
     events = []
-    pool = ActivePool(seeds, RodsConfig(enabled=True), 4, forbidden_texts=frozenset({v.turns[0].user}), log=events.append)
+    shared = seeds[3].turns[0].user  # a held-out turn a seed also has is generic, not a leak
+    pool = ActivePool(seeds, RodsConfig(enabled=True), 4, forbidden_texts=frozenset({v.turns[0].user, shared}),
+                      log=events.append)
+    assert pool.forbidden_texts == {v.turns[0].user}
     assert pool.offer(1, seeds[0], [v], "resample") == 0  # held-out overlap
     pool.forbidden_texts = frozenset()
     assert pool.offer(1, seeds[0], [v, v], "resample") == 1  # the second is a duplicate
@@ -181,3 +184,14 @@ def test_metrics_and_checkpoint_round_trip(seeds, variants):
     back = ActivePool.from_state(state, cfg, 4)
     assert back.state_dict() == pool.state_dict()
     assert [t.id for t in back.sample(3, 12)] == [t.id for t in pool.sample(3, 12)]
+
+
+def test_resuming_moves_cooldowns_to_the_new_step_count(seeds):
+    pool = _pool(seeds, cooldown_steps=10)
+    pool.observe(30, [(seeds[0].id, [0.5] * 4)])
+    assert [t.id for t in pool.select(30)] == [seeds[0].id]
+    resumed = ActivePool.from_state(pool.state_dict(), RodsConfig(enabled=True, cooldown_steps=10), 4, resume=True)
+    resumed.observe(5, [(seeds[0].id, [0.5] * 4)])
+    assert resumed.select(5) == []  # 5 steps after being chosen at (old) step 30: still cooling down
+    resumed.observe(10, [(seeds[0].id, [0.5] * 4)])
+    assert [t.id for t in resumed.select(10)] == [seeds[0].id]

@@ -395,6 +395,9 @@ class RodsConfig(Section):
     max_backlog: PosInt = 256
     # Seed of the synthesizers' random draws (combined with run.seed).
     seed: NonNegInt = 0
+    # rods_pool.json of a checkpoint to continue that pool from (set model.path to the same
+    # checkpoint folder to continue the policy too); null = a new pool from the tasks.train seeds.
+    resume_from: NonEmptyStr | None = None
     # CPUs reserved for the synthesis actor (its synthesis thread shares them with the RPCs).
     num_cpus: NonNegFloat = 0.0
     # GPUs for the synthesis actor (the in-cluster vLLM engine of rods.llm); 0 on CPU machines.

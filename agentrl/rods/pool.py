@@ -70,7 +70,10 @@ class ActivePool:
             raise ValueError(f"RODS seeds need unique task ids; duplicated: {sorted({i for i in ids if ids.count(i) > 1})[:5]}")
         self.cfg = cfg
         self.tasks_per_step = tasks_per_step
-        self.forbidden_texts = forbidden_texts
+        # Held-out user turns no variant may contain — except turns the seeds themselves contain:
+        # those are generic (BFCL's fixed "the functions are back" message in every miss_func task,
+        # a builtin follow-up like "The amount is 40.") and training already sees them.
+        self.forbidden_texts = frozenset(forbidden_texts) - {t.user for s in seeds for t in s.turns}
         self.log = log or (lambda event: None)
         self.entries: dict[str, PoolEntry] = {t.id: PoolEntry(t, "seed", 0) for t in seeds}
         self.max_synth = cfg.max_synthesized or len(seeds)
@@ -82,6 +85,7 @@ class ActivePool:
         self.rng = random.Random(f"agentrl-rods-pool:{rng_seed}")
         self.next_id = 0
         self.epoch = 0
+        self.step = 0  # last step observed
         self.totals: Counter = Counter()  # injected, retired[:reason], offered, queued, rejected[:reason]
 
     # ------------------------------------------------------------------ observation and retirement
@@ -89,6 +93,7 @@ class ActivePool:
         """Record the group rewards (task id, progress rewards) of one training batch; applies the
         retirement rules. Tasks no longer in the pool (retired meanwhile) are ignored."""
         stats = []
+        self.step = max(self.step, step)
         for task_id, rewards in groups:
             entry = self.entries.get(task_id)
             if entry is None:
@@ -215,18 +220,24 @@ class ActivePool:
                 "pending": [t.model_dump(mode="json") for t in self.pending],
                 "known_keys": sorted(list(k) for k in self.known_keys), "cooldown": dict(self.cooldown),
                 "recent": [asdict(s) for s in self.recent], "order": list(self.order),
-                "rng": _jsonable(self.rng.getstate()), "next_id": self.next_id, "epoch": self.epoch,
+                "rng": _jsonable(self.rng.getstate()), "next_id": self.next_id, "epoch": self.epoch, "step": self.step,
                 "max_synth": self.max_synth, "totals": dict(self.totals)}
 
     @classmethod
     def from_state(cls, state: dict, cfg, tasks_per_step: int, forbidden_texts: frozenset[str] = frozenset(),
-                   log: Callable[[dict], None] | None = None) -> "ActivePool":
+                   log: Callable[[dict], None] | None = None, resume: bool = False) -> "ActivePool":
+        """The pool ``state_dict`` describes. ``resume``: for a new run continuing from it (steps
+        restart at 1), so cooldowns are moved to the new step count."""
         entries = [PoolEntry.from_dict(d) for d in state["entries"]]
         pool = cls([e.task for e in entries if e.kind == "seed"] or [entries[0].task], cfg, tasks_per_step, forbidden_texts, log=log)
         pool.entries = {e.task.id: e for e in entries}
         pool.pending = [Task.model_validate(t) for t in state["pending"]]
         pool.known_keys = {tuple(k) for k in state["known_keys"]}
         pool.cooldown = dict(state["cooldown"])
+        pool.step = state["step"]
+        if resume:  # a resumed run counts steps from 1 again: keep each cooldown's remaining length
+            pool.cooldown = {k: v - pool.step for k, v in pool.cooldown.items()}
+            pool.step = 0
         pool.recent = [GroupStat(**s) for s in state["recent"]]
         pool.order = list(state["order"])
         pool.rng.setstate(_tupled(state["rng"]))

@@ -76,6 +76,11 @@ def _load_task_sources(cfg: Config) -> dict[str, list]:
         if n_sgls and cfg.simulators.sgls is None:
             raise SystemExit(f"error: tasks.{key}: {n_sgls} tasks use backend 'sgls' (LLM-simulated tools) but "
                              "simulators.sgls is not set (give it model_path or endpoint)")
+    if cfg.rods.enabled and cfg.rods.resume_from:
+        try:
+            loaded["rods_state"] = json.loads(Path(cfg.rods.resume_from).read_text())
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"error: rods.resume_from: cannot read the pool state {cfg.rods.resume_from}: {err}") from None
     return loaded
 
 
@@ -108,7 +113,8 @@ class Trainer:
             from agentrl.runtime.synthesis_actor import SynthesisActor
 
             self.rods = SynthesisActor.options(num_cpus=cfg.rods.num_cpus, num_gpus=cfg.rods.num_gpus).remote(
-                tasks["train"], cfg.rods, cfg.rollout.tasks_per_step, frozenset(heldout_texts), cfg.run.seed, cfg.model.dtype)
+                tasks["train"], cfg.rods, cfg.rollout.tasks_per_step, frozenset(heldout_texts), cfg.run.seed, cfg.model.dtype,
+                state=tasks.get("rods_state"), resume=True)
         rt = cfg.runtime
         self.sgls = start_sgls_server(cfg, cfg.model.dtype)
         self.pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency, self.sgls,

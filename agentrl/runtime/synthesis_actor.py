@@ -67,14 +67,16 @@ def build_synthesizer(rods_cfg, dtype: str = "float32"):
 @ray.remote
 class SynthesisActor:
     def __init__(self, seeds: list, rods_cfg, tasks_per_step: int, forbidden_texts: frozenset[str], run_seed: int = 0,
-                 dtype: str = "float32", state: dict | None = None):
+                 dtype: str = "float32", state: dict | None = None, resume: bool = False):
         self.cfg = rods_cfg
         self.lock = threading.Lock()
         self.events: list[dict] = []
         if state is None:
             self.pool = ActivePool(seeds, rods_cfg, tasks_per_step, forbidden_texts, rng_seed=run_seed, log=self.events.append)
         else:
-            self.pool = ActivePool.from_state(state, rods_cfg, tasks_per_step, forbidden_texts, log=self.events.append)
+            self.pool = ActivePool.from_state(state, rods_cfg, tasks_per_step, forbidden_texts, log=self.events.append,
+                                              resume=resume)
+            self.events.append({"step": 0, "event": "restore", "pool": len(self.pool.entries), "resume": resume})
         self.synth, self._close_llm = build_synthesizer(rods_cfg, dtype)
         self.base_seed = run_seed * 1_000_003 + rods_cfg.seed
         self.jobs = 0  # synthesis jobs started; with base_seed it seeds each job
