@@ -131,6 +131,12 @@ def test_every_estimator_is_accepted_and_a_typo_is_not():
         (["algo.dual_clip=0.5"], "algo.dual_clip", "greater than 1"),
         ([f"rewards.hierr.{k}=0.0" for k in ("format", "name_f1", "key_jaccard", "value_match", "parallel")],
          "rewards.hierr", "must be > 0"),
+        (["rods.enabled=true", "tasks.fresh_train=true"], "rods.enabled", "needs tasks.fresh_train=false"),
+        (["rods.low=0.9"], "rods.low", "must be <= rods.high"),
+        (["rods.retire_below=0.99"], "rods.retire_below", "must be <= rods.retire_above"),
+        (["rods.resume_from=pool.json"], "rods.resume_from", "set rods.enabled=true"),
+        (["rods.synthesizer=llm"], "rods.synthesizer", "needs rods.llm"),
+        (["rods.llm.temperature=0.5"], "rods.llm.model_path", "exactly one of model_path"),
     ],
 )
 def test_estimator_prerequisites_name_the_key(overrides, key, says):

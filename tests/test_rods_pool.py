@@ -195,3 +195,24 @@ def test_resuming_moves_cooldowns_to_the_new_step_count(seeds):
     assert resumed.select(5) == []  # 5 steps after being chosen at (old) step 30: still cooling down
     resumed.observe(10, [(seeds[0].id, [0.5] * 4)])
     assert [t.id for t in resumed.select(10)] == [seeds[0].id]
+
+
+def test_resample_refuses_shapes_the_generator_cannot_draw(seeds):
+    from agentrl.rods.resample import generator_can_draw
+
+    assert generator_can_draw("base", (1, 3)) and generator_can_draw("miss_func", (2, 0, 1, 1))
+    for category, shape in [("base", (1, 0, 1)), ("miss_param", (0, 2)), ("miss_func", (1, 0)), ("miss_func", (1, 2)),
+                            ("long_context", (0, 1)), ("base", ())]:
+        assert not generator_can_draw(category, shape), (category, shape)
+    odd = seeds[0].model_copy(update={"category": "long_context"})
+    out = BuiltinResampler().synthesize(odd, 2, 0)
+    assert out.tasks == [] and out.failures == {"unsupported_shape": 1}
+
+
+def test_a_pool_without_kept_seeds_never_empties(seeds):
+    events = []
+    pool = _pool(seeds[:8], events, keep_seeds=False)
+    for step in range(1, 6):
+        pool.observe(step, [(t.id, [0.0] * 4) for t in pool.sample(step, 4)])
+    assert len(pool.entries) == 4  # rollout.tasks_per_step: the rest were retired as too hard
+    assert any(e["event"] == "retire_skipped" for e in events)

@@ -409,6 +409,10 @@ class RodsConfig(Section):
     def _consistent(self) -> "RodsConfig":
         if self.low > self.high:
             raise ValueError(f"rods.low={self.low}: must be <= rods.high={self.high}")
+        if self.retire_below > self.retire_above:
+            raise ValueError(f"rods.retire_below={self.retire_below}: must be <= rods.retire_above={self.retire_above}")
+        if self.resume_from and not self.enabled:
+            raise ValueError(f"rods.resume_from={self.resume_from!r}: set rods.enabled=true to continue a pool")
         if self.synthesizer == "llm" and self.llm is None:
             raise ValueError("rods.synthesizer=llm needs rods.llm (model_path or endpoint of the synthesis LLM)")
         return self

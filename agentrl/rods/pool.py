@@ -118,6 +118,10 @@ class ActivePool:
         return stats
 
     def _retire(self, step: int, task_id: str, reason: str) -> None:
+        if len(self.entries) <= self.tasks_per_step:  # keep enough tasks to fill a step
+            self.log({"step": step, "event": "retire_skipped", "task_id": task_id, "reason": reason,
+                      "why": f"the pool is down to {len(self.entries)} tasks (rollout.tasks_per_step)"})
+            return
         entry = self.entries.pop(task_id)
         self.totals["retired"] += 1
         self.totals[f"retired:{reason}"] += 1
@@ -136,13 +140,16 @@ class ActivePool:
             self.log({"step": step, "event": "seed", "task_id": s.task_id, "mean": s.mean, "phi": s.phi})
         return [self.entries[s.task_id].task for s in chosen]
 
-    def offer(self, step: int, parent: Task, candidates: Sequence[Task], synthesizer: str) -> int:
+    def offer(self, step: int, parent: Task, candidates: Sequence[Task], synthesizer: str,
+              replayed: Sequence[bool] | None = None) -> int:
         """Gate ``candidates`` (variants of ``parent``) and queue the accepted ones for injection;
-        returns how many were queued. The queue is bounded by max_backlog (then offers are dropped)."""
+        returns how many were queued. ``replayed``: per candidate, ``reexecutes`` already computed
+        (None = replay here). Beyond max_backlog queued tasks, offers are dropped (the synthesis
+        actor pauses before that happens)."""
         queued = 0
-        for cand in candidates:
+        for k, cand in enumerate(candidates):
             self.totals["offered"] += 1
-            reason = accept_variant(cand, self.known_keys, self.forbidden_texts)
+            reason = accept_variant(cand, self.known_keys, self.forbidden_texts, replayed[k] if replayed else None)
             if reason is None and len(self.pending) >= self.cfg.max_backlog:
                 reason = "backlog_full"
             if reason is not None:
@@ -192,6 +199,8 @@ class ActivePool:
             if not self.order:
                 if not every and step > 1:
                     self.inject(step)
+                if not self.entries:
+                    raise RuntimeError("the RODS pool is empty (every task was retired)")
                 self.order = sorted(self.entries)
                 self.rng.shuffle(self.order)
             task_id = self.order.pop()
@@ -234,14 +243,18 @@ class ActivePool:
         pool.pending = [Task.model_validate(t) for t in state["pending"]]
         pool.known_keys = {tuple(k) for k in state["known_keys"]}
         pool.cooldown = dict(state["cooldown"])
-        pool.step = state["step"]
-        if resume:  # a resumed run counts steps from 1 again: keep each cooldown's remaining length
+        pool.step = state.get("step", 0)
+        if resume:  # a resumed run counts steps from 1 again: keep cooldowns and ages relative
             pool.cooldown = {k: v - pool.step for k, v in pool.cooldown.items()}
+            for e in pool.entries.values():
+                e.added_step -= pool.step
             pool.step = 0
         pool.recent = [GroupStat(**s) for s in state["recent"]]
         pool.order = list(state["order"])
         pool.rng.setstate(_tupled(state["rng"]))
-        pool.next_id, pool.epoch, pool.max_synth = state["next_id"], state["epoch"], state["max_synth"]
+        pool.next_id, pool.epoch = state["next_id"], state["epoch"]
+        # the cap: this run's rods.max_synthesized when set, else the one the pool was built with
+        pool.max_synth = cfg.max_synthesized or state["max_synth"]
         pool.totals = Counter(state["totals"])
         return pool
 

@@ -18,11 +18,23 @@ from __future__ import annotations
 
 import random
 
-from agentrl.envs.builtin.generator import Shape, draw_shaped
+from agentrl.envs.builtin.generator import CATEGORIES, Shape, draw_shaped
 from agentrl.envs.builtin.ops import Reject
 from agentrl.rods.signature import skill_signature
 from agentrl.rods.synthesizer import SynthesisResult, text_key
 from agentrl.tasks.schema import Task
+
+
+def generator_can_draw(category: str, calls_per_turn: tuple[int, ...]) -> bool:
+    """Whether the builtin generator makes tasks of this shape at all (a hand-written or imported
+    builtin task may have another): 1–3 calls in every turn of a base task; in a miss_* task one
+    empty-gold turn followed by its single-call follow-up, every other turn 1–3 calls."""
+    if category not in dict(CATEGORIES) or not calls_per_turn or any(not 0 <= c <= 3 for c in calls_per_turn):
+        return False
+    empty = [i for i, c in enumerate(calls_per_turn) if c == 0]
+    if category == "base":
+        return not empty
+    return len(empty) == 1 and empty[0] + 1 < len(calls_per_turn) and calls_per_turn[empty[0] + 1] == 1
 
 
 class BuiltinResampler:
@@ -40,6 +52,9 @@ class BuiltinResampler:
             out.failures["unsupported_backend"] += 1
             return out
         target = skill_signature(seed)
+        if not generator_can_draw(seed.category, target.calls_per_turn):
+            out.failures["unsupported_shape"] += 1
+            return out
         shape = Shape(seed.category, target.classes, target.calls_per_turn)
         rng = random.Random(f"agentrl-rods-resample:{seed.id}:{rng_seed}")
         seen = {text_key(seed)}

@@ -52,12 +52,24 @@ def text_key(task: Task) -> tuple[str, ...]:
     return tuple(t.user for t in task.turns)
 
 
-def accept_variant(task: Task, known_keys: set[tuple[str, ...]], known_texts: frozenset[str] = frozenset()) -> str | None:
+def reexecutes(task: Task) -> bool:
+    """True when the task's gold plan replays without error on a fresh backend built from its own
+    ``initial_state`` (the replay the checker scores against)."""
+    try:
+        gold_replay(task)
+    except Exception:  # noqa: BLE001 - any failure of the gold plan means the task is broken
+        return False
+    return True
+
+
+def accept_variant(task: Task, known_keys: set[tuple[str, ...]], known_texts: frozenset[str] = frozenset(),
+                   replayed: bool | None = None) -> str | None:
     """``None`` if ``task`` may enter the pool, else the reason it may not.
 
     ``known_keys`` holds the text keys of every task already known; ``known_texts`` holds single
-    user utterances that no variant may contain (held-out turns). Re-execution uses a fresh
-    backend built from the task's own ``initial_state``.
+    user utterances that no variant may contain (held-out turns). ``replayed`` is the result of
+    ``reexecutes(task)`` when the caller already has it (the synthesis actor replays outside its
+    lock); None = replay here.
     """
     key = text_key(task)
     if key in known_keys:
@@ -66,9 +78,7 @@ def accept_variant(task: Task, known_keys: set[tuple[str, ...]], known_texts: fr
         return "heldout_overlap"
     if not any(task.gold_calls(u) for u in range(len(task.turns))):
         return "no_gold_calls"
-    try:
-        gold_replay(task)
-    except Exception:  # noqa: BLE001 - any failure of the gold plan means the task is broken
+    if not (reexecutes(task) if replayed is None else replayed):
         return "reexecution_failed"
     return None
 

@@ -168,8 +168,9 @@ class Trainer:
             summaries += sums
             entries += [([ref], s["version"]) for ref, s in zip(refs, sums)]
         ray.get(self.buffer.add.remote(entries))
+        observed = None
         if self.rods is not None:  # boundary statistics from the batch itself: no extra rollouts
-            self.rods.observe.remote(step, [(s["task_id"], s["progress"]) for s in summaries])
+            observed = self.rods.observe.remote(step, [(s["task_id"], s["progress"]) for s in summaries])
         t_gen = time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -215,22 +216,29 @@ class Trainer:
         if self.sgls is not None:  # simulated tool calls, cache hit rate within groups, retries
             m.update({f"sgls/{k}": float(v) for k, v in ray.get(self.sgls.stats.remote()).items()})
         if self.rods is not None:  # pool size, regions, phi histogram, synthesis throughput
-            rods_metrics, events = ray.get(self.rods.report.remote())
-            m.update(rods_metrics)
-            with (self.run_dir / POOL_LOG).open("a", encoding="utf-8") as fh:
-                fh.writelines(json.dumps(e) + "\n" for e in events)
+            ray.get(observed)  # not awaited earlier (learning went ahead); an error in it surfaces here
+            m.update(self.drain_pool_log())
         return m
+
+    def drain_pool_log(self) -> dict[str, float]:
+        """Append the RODS pool's events since the last drain to rods_pool.jsonl; returns its metrics."""
+        rods_metrics, events = ray.get(self.rods.report.remote())
+        with (self.run_dir / POOL_LOG).open("a", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(e) + "\n" for e in events)
+        return rods_metrics
 
     def save(self, out_dir: Path) -> None:
         """Learner weights (+ the RODS pool as rods_pool.json) into ``out_dir``."""
         ray.get(self.learner.save.remote(str(out_dir.resolve())))
         if self.rods is not None:
+            self.drain_pool_log()  # the log holds everything up to the saved state
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / POOL_STATE).write_text(json.dumps(ray.get(self.rods.state_dict.remote())))
 
     def shutdown(self) -> None:
         if self.rods is not None:
             ray.get(self.rods.shutdown.remote())
+            self.drain_pool_log()  # jobs that finished after the last step
         ray.get([w.shutdown.remote() for w in self.workers])
         if self.sgls is not None:
             ray.get(self.sgls.shutdown.remote())

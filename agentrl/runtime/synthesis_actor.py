@@ -8,8 +8,9 @@ lands before the next sample.
 
 Synthesis runs on a background thread of the actor: seeds chosen by ``observe`` go to a queue,
 the thread makes variants and offers them to the pool under a lock. Training never waits for
-it — a slow LLM only makes the backlog grow (``synth/seed_backlog``); queued seeds beyond
-``4 × quota`` per category are dropped oldest-first and counted. A synthesizer that raises (an
+it — a slow LLM only makes the backlog grow (``synth/seed_backlog``); queued seeds beyond four
+selections' worth (4 × quota × categories) are dropped oldest-first and counted. Synthesis
+pauses while ``rods.max_backlog`` variants wait for injection. A synthesizer that raises (an
 unreachable endpoint, a bug on an odd seed) costs that seed only: the error is counted and
 logged, the thread carries on.
 """
@@ -24,6 +25,7 @@ from collections import Counter, deque
 import ray
 
 from agentrl.rods.pool import ActivePool
+from agentrl.rods.synthesizer import reexecutes
 
 
 def build_synthesizer(rods_cfg, dtype: str = "float32"):
@@ -79,7 +81,7 @@ class SynthesisActor:
             self.events.append({"step": 0, "event": "restore", "pool": len(self.pool.entries), "resume": resume})
         self.synth, self._close_llm = build_synthesizer(rods_cfg, dtype)
         self.base_seed = run_seed * 1_000_003 + rods_cfg.seed
-        self.jobs = 0  # synthesis jobs started; with base_seed it seeds each job
+        self.jobs = state.get("synthesis_jobs", 0) if state else 0  # jobs started; with base_seed it seeds each job
         self.queue: deque = deque()  # (step, seed task)
         # Seeds waiting for synthesis: four selections' worth; older ones are stale by then.
         self.max_queue = 4 * rods_cfg.quota_per_category * len({t.category for t in seeds})
@@ -94,7 +96,9 @@ class SynthesisActor:
     # ------------------------------------------------------------------ driver RPCs
     def sample(self, step: int, n: int) -> list:
         with self.lock:
-            return self.pool.sample(step, n)
+            tasks = self.pool.sample(step, n)
+            self.wake.notify_all()  # an injection may have made room in the backlog
+            return tasks
 
     def observe(self, step: int, groups: list[tuple[str, list[float]]]) -> None:
         with self.lock:
@@ -132,8 +136,10 @@ class SynthesisActor:
             return m, events
 
     def state_dict(self) -> dict:
+        """The pool, plus the synthesis job counter (it seeds the jobs). Seeds still waiting for
+        synthesis are not saved: a resumed run selects new ones from its own groups."""
         with self.lock:
-            return self.pool.state_dict()
+            return {**self.pool.state_dict(), "synthesis_jobs": self.jobs}
 
     def wait_idle(self, timeout_s: float = 600.0) -> bool:
         """Block until the seed queue is empty and no job runs (tests, and a final drain)."""
@@ -151,39 +157,49 @@ class SynthesisActor:
         self._close_llm()
 
     # ------------------------------------------------------------------ synthesis thread
+    def _next_job(self):
+        """Under the lock: wait for a seed (and for room in the backlog); None when stopping."""
+        while not self.stopping and (not self.queue or len(self.pool.pending) >= self.cfg.max_backlog):
+            self.wake.wait(timeout=1.0)
+        if self.stopping:
+            return None
+        step, seed = self.queue.popleft()
+        self.busy = True
+        self.jobs += 1
+        return step, seed, self.jobs - 1
+
     def _run(self) -> None:
         while True:
             with self.lock:
-                while not self.queue and not self.stopping:
-                    self.wake.wait()
-                if self.stopping:
-                    return
-                step, seed = self.queue.popleft()
-                self.busy = True
-                job = self.jobs
-                self.jobs += 1
+                job = self._next_job()
+            if job is None:
+                return
+            step, seed, index = job
             t0 = time.perf_counter()
             try:
-                result = self.synth.synthesize(seed, self.cfg.variants_per_seed, self.base_seed + job)
-                error = None
-            except Exception as exc:  # noqa: BLE001 - a synthesizer bug must not end synthesis
-                result, error = None, f"{type(exc).__name__}: {exc}"
-                tb = traceback.format_exc(limit=5)
-            with self.lock:
-                self.busy_seconds += time.perf_counter() - t0
-                self.counts["jobs"] += 1
-                if result is None:
+                # synthesis and the re-execution gate run outside the lock: the driver's RPCs
+                # (sample, observe, report) never wait for them
+                result = self.synth.synthesize(seed, self.cfg.variants_per_seed, self.base_seed + index)
+                replayed = [reexecutes(t) for t in result.tasks]
+                with self.lock:
+                    self._record(step, seed, result, replayed)
+            except Exception as exc:  # noqa: BLE001 - a synthesizer bug costs this seed, not synthesis
+                with self.lock:
                     self.counts["errors"] += 1
-                    self.events.append({"step": step, "event": "synth_error", "parent_id": seed.id, "error": error,
-                                        "traceback": tb})
-                else:
-                    self.counts["attempts"] += result.attempts
-                    self.counts["candidates"] += len(result.tasks)
-                    for reason, n in result.failures.items():
-                        self.counts[f"failures:{reason}"] += n
-                    self.counts["queued"] += self.pool.offer(step, seed, result.tasks, self.synth.name)
-                    self.events.append({"step": step, "event": "synthesized", "parent_id": seed.id,
-                                        "attempts": result.attempts, "candidates": len(result.tasks),
-                                        "failures": dict(result.failures)})
-                self.busy = False
-                self.wake.notify_all()
+                    self.events.append({"step": step, "event": "synth_error", "parent_id": seed.id,
+                                        "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)})
+            finally:
+                with self.lock:
+                    self.busy_seconds += time.perf_counter() - t0
+                    self.counts["jobs"] += 1
+                    self.busy = False
+                    self.wake.notify_all()
+
+    def _record(self, step: int, seed, result, replayed: list[bool]) -> None:
+        self.counts["attempts"] += result.attempts
+        self.counts["candidates"] += len(result.tasks)
+        for reason, n in result.failures.items():
+            self.counts[f"failures:{reason}"] += n
+        self.counts["queued"] += self.pool.offer(step, seed, result.tasks, self.synth.name, replayed)
+        self.events.append({"step": step, "event": "synthesized", "parent_id": seed.id, "attempts": result.attempts,
+                            "candidates": len(result.tasks), "failures": dict(result.failures)})
