@@ -58,6 +58,8 @@ def test_synthesis_actor_grows_the_pool_in_the_background(ray_cluster, source):
 
 
 def test_training_with_rods_samples_from_the_pool_and_logs_every_event(tiny_model_dir, ray_cluster, tmp_path, capsys):
+    """RODS only decides which tasks are rolled out, so it composes with any estimator; this run
+    uses SLCA (segment advantages, the least GRPO-like batch), benchmarks/rods_vs_fixed.py GRPO."""
     from agentrl.cli import main
     from agentrl.runtime.driver import POOL_LOG, POOL_STATE, train
 
@@ -68,7 +70,7 @@ def test_training_with_rods_samples_from_the_pool_and_logs_every_event(tiny_mode
         "tasks.heldout_size=2", "train.eval_at_start=false", "train.eval_at_end=false", "rollout.group_size=2", "rollout.tasks_per_step=2",
         "rollout.max_new_tokens=32", "learner.micro_batch_size=4", "train.steps=3", "train.checkpoint_every=2",
         "telemetry.progress=false", "rods.enabled=true", "rods.low=0.0", "rods.retire_new_below=0.0",
-        "rods.retire_below=0.0", "rods.epoch_steps=1", "rods.inject_fraction=1.0",
+        "rods.retire_below=0.0", "rods.epoch_steps=1", "rods.inject_fraction=1.0", "algo.advantage=slca",
     ])
     train(cfg, config_path=None)
     run_dir = next((tmp_path / "runs").iterdir())
