@@ -151,6 +151,21 @@ def test_report_from_metrics(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_draws_rods_panels_when_the_run_used_rods(tmp_path):
+    import struct
+
+    def height(run_dir):  # PNG IHDR: width, height at bytes 16..24
+        return struct.unpack(">II", (run_dir / "report.png").read_bytes()[16:24])[1]
+
+    plain, rods = tmp_path / "plain", tmp_path / "rods"
+    for run_dir, extra in ((plain, {}), (rods, {"pool/size": 70.0, "pool/seeds": 64.0, "pool/synthesized": 6.0,
+                                                "pool/region_boundary": 0.5, "train/groups_with_variance": 0.75})):
+        run_dir.mkdir()
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, **STEP, **extra}) + "\n" for s in (1, 2)))
+        write_report(run_dir)
+    assert height(rods) == height(plain) * 3 // 2  # a third row of panels
+
+
 @pytest.mark.parametrize("content", [None, "", "not json\n[1,2]\n"])
 def test_report_without_data(tmp_path, content):
     if content is not None:

@@ -59,15 +59,28 @@ PANELS = {
 }
 
 
+# drawn as a third row when the run used RODS (its metrics carry pool/size)
+RODS_PANELS = {
+    "RODS pool (tasks)": [("pool/seeds", "seeds"), ("pool/synthesized", "synthesized"), ("pool/pending", "queued")],
+    "RODS regions and signal": [("pool/region_boundary", "boundary"), ("pool/region_too_hard", "too hard"),
+                                ("pool/region_mastered", "mastered"),
+                                ("train/groups_with_variance", "groups with reward variance")],
+}
+
+
 def write_report(run_dir: str | Path) -> Path:
     """Draw the report for ``run_dir`` and return its path (written even when there is no data)."""
     from matplotlib.figure import Figure
 
     run_dir = Path(run_dir)
     records = read_metrics(run_dir / METRICS_FILE)
-    fig = Figure(figsize=(10, 7), dpi=80)
-    axes = fig.subplots(2, 2).flatten()
-    for ax, (title, lines) in zip(axes, PANELS.items()):
+    panels = dict(PANELS)
+    if any("pool/size" in r for r in records):
+        panels.update(RODS_PANELS)
+    rows = len(panels) // 2
+    fig = Figure(figsize=(10, 3.5 * rows), dpi=80)
+    axes = fig.subplots(rows, 2).flatten()
+    for ax, (title, lines) in zip(axes, panels.items()):
         drawn = 0
         for field, label in lines:
             steps, values = series(records, field)
