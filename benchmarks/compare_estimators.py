@@ -27,25 +27,31 @@ ROOT = Path(__file__).resolve().parents[1]
 EXTRA = {"ppo": ["algo.critic.lr=1e-4"]}
 
 
-def run_one(estimator: str, seed: int, args, out: Path) -> dict:
-    run_out = ROOT / ".cache" / "benchmarks" / "estimators" / f"{estimator}-s{seed}"  # checkpoints stay out of git
+def train_quickstart(run_out: Path, overrides: list[str]) -> tuple[Path | None, float, str]:
+    """``agentrl train configs/quickstart.yaml`` with ``overrides`` into a fresh ``run_out``, in its
+    own process (its own embedded Ray). Returns (run folder or None on failure, minutes, stderr tail)."""
     if run_out.exists():
         import shutil
 
         shutil.rmtree(run_out)
-    overrides = [
-        f"algo.advantage={estimator}", f"run.seed={seed}", f"run.name={estimator}-s{seed}", f"run.output_dir={run_out}",
-        f"train.steps={args.steps}", f"train.eval_every={args.eval_every}", f"tasks.heldout_size={args.heldout}",
-        f"rollout.tasks_per_step={args.tasks_per_step}", f"rollout.group_size={args.group_size}",
-        "train.max_minutes=null", "telemetry.progress=false", *EXTRA.get(estimator, []), *args.override,
-    ]
-    cmd = [sys.executable, "-m", "agentrl.cli", "train", str(ROOT / "configs" / "quickstart.yaml"), *overrides]
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", str(ROOT / "configs" / "quickstart.yaml"),
+           f"run.output_dir={run_out}", "train.max_minutes=null", "telemetry.progress=false", *overrides]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     minutes = (time.time() - t0) / 60
-    if proc.returncode != 0:
-        return {"estimator": estimator, "seed": seed, "error": proc.stderr[-2000:], "minutes": minutes}
-    run_dir = next(run_out.iterdir())
+    return (next(run_out.iterdir()) if proc.returncode == 0 else None), minutes, proc.stderr[-2000:]
+
+
+def run_one(estimator: str, seed: int, args, out: Path) -> dict:
+    run_out = ROOT / ".cache" / "benchmarks" / "estimators" / f"{estimator}-s{seed}"  # checkpoints stay out of git
+    run_dir, minutes, err = train_quickstart(run_out, [
+        f"algo.advantage={estimator}", f"run.seed={seed}", f"run.name={estimator}-s{seed}",
+        f"train.steps={args.steps}", f"train.eval_every={args.eval_every}", f"tasks.heldout_size={args.heldout}",
+        f"rollout.tasks_per_step={args.tasks_per_step}", f"rollout.group_size={args.group_size}",
+        *EXTRA.get(estimator, []), *args.override,
+    ])
+    if run_dir is None:
+        return {"estimator": estimator, "seed": seed, "error": err, "minutes": minutes}
     evals = json.loads((run_dir / "evals.json").read_text())
     per_step = args.tasks_per_step * args.group_size
     curve = [(0, evals["start"]["success"])]
@@ -79,7 +85,9 @@ def table(results: list[dict], estimators: list[str]) -> str:
     return "\n".join(rows)
 
 
-def plot(results: list[dict], estimators: list[str], path: Path) -> None:
+def plot(results: list[dict], estimators: list[str], path: Path, series: str = "curve",
+         ylabel: str = "held-out success (greedy)") -> None:
+    """Mean over seeds of each run's ``series`` ([(trajectories, value)]) per estimator (or arm)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,14 +95,14 @@ def plot(results: list[dict], estimators: list[str], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for est in estimators:
-        curves = [r["curve"] for r in results if r["estimator"] == est and "error" not in r]
+        curves = [r[series] for r in results if r["estimator"] == est and "error" not in r]
         if not curves:
             continue
         xs = [x for x, _ in curves[0]]
         ys = [statistics.mean(c[i][1] for c in curves if i < len(c)) for i in range(len(xs))]
         ax.plot(xs, ys, marker="o", label=f"{est} (mean of {len(curves)})")
     ax.set_xlabel("trajectories consumed")
-    ax.set_ylabel("held-out success (greedy)")
+    ax.set_ylabel(ylabel)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -20,38 +20,25 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_estimators import plot, table  # noqa: E402  (same-folder benchmark helpers)
+from compare_estimators import plot, table, train_quickstart  # noqa: E402  (same-folder benchmark helpers)
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {"fixed": [], "rods": ["rods.enabled=true"]}
 
 
 def run_one(arm: str, seed: int, args, seeds_file: Path) -> dict:
-    run_out = ROOT / ".cache" / "benchmarks" / "rods" / f"{arm}-s{seed}"
-    if run_out.exists():
-        import shutil
-
-        shutil.rmtree(run_out)
-    overrides = [
-        f"run.seed={seed}", f"run.name={arm}-s{seed}", f"run.output_dir={run_out}", f"tasks.train={seeds_file}",
-        "tasks.fresh_train=false", f"train.steps={args.steps}", f"train.eval_every={args.eval_every}",
-        f"tasks.heldout_size={args.heldout}", f"rollout.tasks_per_step={args.tasks_per_step}",
-        f"rollout.group_size={args.group_size}", f"rods.epoch_steps={args.epoch_steps}", "train.max_minutes=null",
-        "telemetry.progress=false", *ARMS[arm], *args.override,
-    ]
-    cmd = [sys.executable, "-m", "agentrl.cli", "train", str(ROOT / "configs" / "quickstart.yaml"), *overrides]
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    minutes = (time.time() - t0) / 60
-    if proc.returncode != 0:
-        return {"estimator": arm, "seed": seed, "error": proc.stderr[-2000:], "minutes": minutes}
-    run_dir = next(run_out.iterdir())
+    run_dir, minutes, err = train_quickstart(ROOT / ".cache" / "benchmarks" / "rods" / f"{arm}-s{seed}", [
+        f"run.seed={seed}", f"run.name={arm}-s{seed}", f"tasks.train={seeds_file}", "tasks.fresh_train=false",
+        f"train.steps={args.steps}", f"train.eval_every={args.eval_every}", f"tasks.heldout_size={args.heldout}",
+        f"rollout.tasks_per_step={args.tasks_per_step}", f"rollout.group_size={args.group_size}",
+        f"rods.epoch_steps={args.epoch_steps}", *ARMS[arm], *args.override,
+    ])
+    if run_dir is None:
+        return {"estimator": arm, "seed": seed, "error": err, "minutes": minutes}
     evals = json.loads((run_dir / "evals.json").read_text())
     per_step = args.tasks_per_step * args.group_size
     curve, variance, pool = [(0, evals["start"]["success"])], [], []
@@ -87,27 +74,6 @@ def variance_table(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def plot_variance(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for arm in ARMS:
-        runs = [r["variance"] for r in results if r["estimator"] == arm and "error" not in r]
-        if runs:
-            xs = [x for x, _ in runs[0]]
-            ax.plot(xs, [statistics.mean(r[i][1] for r in runs) for i in range(len(xs))], marker="o", ms=3,
-                    label=f"{arm} (mean of {len(runs)})")
-    ax.set_xlabel("trajectories consumed")
-    ax.set_ylabel("training groups with reward variance")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="0,1,2", help="run seeds (run.seed)")
@@ -140,7 +106,8 @@ def main() -> int:
     md = table(results, list(ARMS)).replace("| estimator |", "| arm |") + "\n\n" + variance_table(results)
     (out / "table.md").write_text(md + "\n")
     plot(results, list(ARMS), out / "success_vs_trajectories.png")
-    plot_variance(results, out / "groups_with_variance.png")
+    plot(results, list(ARMS), out / "groups_with_variance.png", series="variance",
+         ylabel="training groups with reward variance")
     print(md)
     return 0 if all("error" not in r for r in results) else 1
 
