@@ -65,8 +65,9 @@ def variance_table(results: list[dict]) -> str:
         ok = [r for r in results if r["estimator"] == arm and "error" not in r]
         if not ok:
             continue
-        half = [statistics.mean(v for _, v in r["variance"][: len(r["variance"]) // 2]) for r in ok]
-        late = [statistics.mean(v for _, v in r["variance"][len(r["variance"]) // 2:]) for r in ok]
+        cut = [max(1, len(r["variance"]) // 2) for r in ok]  # a 1-step run has only a first half
+        half = [statistics.mean(v for _, v in r["variance"][:c]) for r, c in zip(ok, cut)]
+        late = [statistics.mean(v for _, v in (r["variance"][c:] or r["variance"][-1:])) for r, c in zip(ok, cut)]
         synth = [r["pool"][-1]["pool/synthesized"] for r in ok if r["pool"]]
         rows.append(f"| {arm} | {statistics.mean(half):.3f} | {statistics.mean(late):.3f} | "
                     f"{statistics.mean(synth):.1f} |" if synth else
