@@ -117,6 +117,8 @@ def test_injection_is_staged_and_capped(seeds, variants):
     injected += pool.inject(3)  # 4 more (0.2 * 24); the cap of 5 synthesized retires the excess
     synth = [e for e in pool.entries.values() if e.kind == "synth"]
     assert len(synth) == 5 and pool.totals["retired:over_cap"] == 3
+    m = pool.metrics()
+    assert m["pool/epoch"] == 2 and m["pool/epoch_injected"] == 4 and m["pool/epoch_retired"] == 3
     assert sum(e.kind == "seed" for e in pool.entries.values()) == 20  # seeds kept
 
 

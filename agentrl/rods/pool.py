@@ -86,6 +86,8 @@ class ActivePool:
         self.next_id = 0
         self.epoch = 0
         self.step = 0  # last step observed
+        self.last_epoch = {"injected": 0, "retired": 0}  # the most recent closed epoch
+        self._retired_at_epoch_start = 0
         self.totals: Counter = Counter()  # injected, retired[:reason], offered, queued, rejected[:reason]
 
     # ------------------------------------------------------------------ observation and retirement
@@ -171,6 +173,8 @@ class ActivePool:
         """Epoch boundary: move up to max(1, floor(beta * |pool|)) queued variants into the pool
         (oldest first), then enforce the cap on synthesized tasks. Returns the injected ids."""
         self.epoch += 1
+        # what the epoch that just closed did: retired during it, injected at its end (below)
+        self.last_epoch = {"retired": self.totals["retired"] - self._retired_at_epoch_start}
         budget = max(1, math.floor(self.cfg.inject_fraction * len(self.entries)))
         batch, self.pending = self.pending[:budget], self.pending[budget:]
         for task in batch:
@@ -178,11 +182,15 @@ class ActivePool:
             self.totals["injected"] += 1
             self.log({"step": step, "event": "inject", "task_id": task.id, "epoch": self.epoch})
         synth = [e for e in self.entries.values() if e.kind == "synth"]
+        retired_before_cap = self.totals["retired"]
         over = len(synth) - self.max_synth
         if over > 0:
             ranked = sorted(synth, key=lambda e: (e.stat.phi if e.stat else 1.0, e.added_step, e.task.id))
             for e in ranked[:over]:
                 self._retire(step, e.task.id, "over_cap")
+        self.last_epoch["injected"] = len(batch)
+        self.last_epoch["retired"] += self.totals["retired"] - retired_before_cap
+        self._retired_at_epoch_start = self.totals["retired"]
         return [t.id for t in batch if t.id in self.entries]
 
     # ------------------------------------------------------------------ sampling
@@ -215,7 +223,10 @@ class ActivePool:
         observed = [e.stat for e in entries if e.stat is not None]
         m = {"pool/size": float(len(entries)), "pool/seeds": float(len(entries) - n_synth),
              "pool/synthesized": float(n_synth), "pool/pending": float(len(self.pending)),
-             "pool/epoch": float(self.epoch), "pool/observed": float(len(observed))}
+             "pool/epoch": float(self.epoch), "pool/observed": float(len(observed)),
+             # per epoch: injected at the last epoch boundary, retired during that epoch (+ over the cap)
+             "pool/epoch_injected": float(self.last_epoch["injected"]),
+             "pool/epoch_retired": float(self.last_epoch["retired"])}
         for r in REGIONS:
             m[f"pool/region_{r}"] = sum(s.region == r for s in observed) / max(1, len(observed))
         for b in range(PHI_BINS):  # fraction of observed tasks with φ in [b/5, (b+1)/5) (last bin closed)
@@ -230,6 +241,7 @@ class ActivePool:
                 "known_keys": sorted(list(k) for k in self.known_keys), "cooldown": dict(self.cooldown),
                 "recent": [asdict(s) for s in self.recent], "order": list(self.order),
                 "rng": _jsonable(self.rng.getstate()), "next_id": self.next_id, "epoch": self.epoch, "step": self.step,
+                "last_epoch": dict(self.last_epoch), "retired_at_epoch_start": self._retired_at_epoch_start,
                 "max_synth": self.max_synth, "totals": dict(self.totals)}
 
     @classmethod
@@ -253,6 +265,8 @@ class ActivePool:
         pool.order = list(state["order"])
         pool.rng.setstate(_tupled(state["rng"]))
         pool.next_id, pool.epoch = state["next_id"], state["epoch"]
+        pool.last_epoch = dict(state.get("last_epoch", pool.last_epoch))
+        pool._retired_at_epoch_start = state.get("retired_at_epoch_start", 0)
         # the cap: this run's rods.max_synthesized when set, else the one the pool was built with
         pool.max_synth = cfg.max_synthesized or state["max_synth"]
         pool.totals = Counter(state["totals"])
