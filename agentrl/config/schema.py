@@ -120,6 +120,13 @@ class EndpointConfig(Section):
     timeout_s: PosFloat = 60.0
 
 
+def _require_one_llm(section: str, model_path: str | None, endpoint: EndpointConfig | None) -> None:
+    """An LLM section names exactly one of an in-cluster model and an endpoint."""
+    if (model_path is None) == (endpoint is None):
+        raise ValueError(f"{section}.model_path={model_path!r}: give exactly one of model_path "
+                         "(in-cluster vLLM) and endpoint (OpenAI-compatible)")
+
+
 class SGLSConfig(Section):
     # Model folder of the simulator LLM, served by an in-cluster vLLM engine; null = use
     # endpoint instead.
@@ -152,9 +159,7 @@ class SGLSConfig(Section):
 
     @model_validator(mode="after")
     def _one_llm(self) -> "SGLSConfig":
-        if (self.model_path is None) == (self.endpoint is None):
-            raise ValueError(f"simulators.sgls.model_path={self.model_path!r}: give exactly one of model_path "
-                             "(in-cluster vLLM) and endpoint (OpenAI-compatible)")
+        _require_one_llm("simulators.sgls", self.model_path, self.endpoint)
         return self
 
 
@@ -352,9 +357,7 @@ class RodsLLMConfig(Section):
 
     @model_validator(mode="after")
     def _one_llm(self) -> "RodsLLMConfig":
-        if (self.model_path is None) == (self.endpoint is None):
-            raise ValueError(f"rods.llm.model_path={self.model_path!r}: give exactly one of model_path "
-                             "(in-cluster vLLM) and endpoint (OpenAI-compatible)")
+        _require_one_llm("rods.llm", self.model_path, self.endpoint)
         return self
 
 

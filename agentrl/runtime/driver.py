@@ -107,7 +107,7 @@ class Trainer:
         heldout = tasks["heldout"]
         self.heldout = heldout[: cfg.tasks.heldout_size] if cfg.tasks.heldout_size else heldout
         heldout_texts = {turn.user for t in heldout for turn in t.turns}
-        self.sampler = TaskSampler(cfg, tasks["train"], heldout_texts)
+        self.sampler = None if cfg.rods.enabled else TaskSampler(cfg, tasks["train"], heldout_texts)
         self.rods = None
         if cfg.rods.enabled:  # the pool replaces the sampler; seeds = tasks.train
             from agentrl.runtime.synthesis_actor import SynthesisActor

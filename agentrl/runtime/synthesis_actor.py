@@ -180,6 +180,9 @@ class SynthesisActor:
                 # synthesis and the re-execution gate run outside the lock: the driver's RPCs
                 # (sample, observe, report) never wait for them
                 result = self.synth.synthesize(seed, self.cfg.variants_per_seed, self.base_seed + index)
+                # Synthesizers replay their own candidates too; the pool re-checks every one on a
+                # fresh backend anyway, because its guarantee must not depend on the synthesizer
+                # (a replay costs milliseconds, off the driver's path).
                 replayed = [reexecutes(t) for t in result.tasks]
                 with self.lock:
                     self._record(step, seed, result, replayed)
