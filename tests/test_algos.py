@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrl.algos.advantages import (ADVANTAGES, broadcast_to_tokens, dr_grpo, get_advantage, grouped, grpo,
-                                      rloo)
-from agentrl.algos.losses import aggregate_tokens, kl_penalty, ppo_clip_loss, truncated_is_weights
+                                      raft, rloo)
+from agentrl.algos.losses import aggregate_tokens, kl_penalty, ppo_clip_loss, sequence_mean_weights, truncated_is_weights
 
 
 def close(a, b, tol=1e-5):
@@ -31,8 +31,18 @@ def test_dr_grpo_and_rloo_hand():
     assert close(rloo(r), [1.5, -1.5, 0.0])
 
 
+def test_raft_hand():
+    assert close(raft(torch.tensor([0.5, 1.0, 0.0, 1.0])), [0.0, 1.0, 0.0, 1.0])  # the best, all of them
+    assert close(raft(torch.tensor([0.25, 0.5, 0.0])), [0.0, 1.0, 0.0])  # best partial progress
+    assert close(raft(torch.tensor([0.0, 0.0])), [0.0, 0.0])  # nothing to imitate
+    # unlike the baselined estimators, a group that all succeeds is reinforced (imitation)
+    assert close(raft(torch.tensor([1.0, 1.0])), [1.0, 1.0]) and close(raft(torch.tensor([0.7])), [1.0])
+
+
 def test_degenerate_groups_are_zero():
-    for fn in ADVANTAGES.values():
+    for name, fn in ADVANTAGES.items():
+        if name == "raft":  # no baseline: see test_raft_hand
+            continue
         assert close(fn(torch.tensor([0.7])), [0.0])
         assert close(fn(torch.tensor([0.5, 0.5, 0.5])), [0.0, 0.0, 0.0])
     assert grpo(torch.tensor([1, 0])).dtype == torch.float32  # integer rewards are accepted
@@ -113,6 +123,30 @@ def test_microbatch_sum_equals_full(B, T, n_micro, seed, dual):
     assert torch.allclose(full, parts, atol=1e-10)
     if mask.any():  # default n_tokens_global is the mask count
         assert torch.allclose(ppo_clip_loss(lp, old, adv, mask, is_weights=w, **kw)[0], full)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 7), st.integers(1, 3), st.integers(0, 2**31 - 1))
+def test_sequence_mean_weights_give_mean_of_sequence_means(B, T, n_micro, seed):
+    """Weighted token aggregation == mean over sequences of each one's token mean, also when the
+    step is split into micro-batches (weights use the step's global counts)."""
+    g = torch.Generator().manual_seed(seed)
+    vals = torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = torch.rand(B, T, generator=g) < 0.6
+    n_seq, n_tok = int((mask.sum(1) > 0).sum()), int(mask.sum())
+    if n_seq == 0:
+        assert torch.all(sequence_mean_weights(mask, 1, 1.0) == 0)
+        return
+    expect = sum(vals[i][mask[i]].mean() for i in range(B) if mask[i].any()) / n_seq
+    parts = sum(aggregate_tokens(vals[i] * sequence_mean_weights(mask[i], n_seq, n_tok), mask[i], n_tok)
+                for i in torch.arange(B).chunk(n_micro))
+    assert torch.allclose(parts, expect, atol=1e-10)
+
+
+def test_sequence_mean_weights_hand():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
+    w = sequence_mean_weights(mask, n_sequences=2, n_tokens_global=4)
+    assert close(w[0, 0], 4 / (2 * 3)) and close(w[1, 0], 4 / 2) and torch.all(w[2] == 0)
 
 
 def test_gradient_zero_where_masked_even_with_garbage():

@@ -126,6 +126,23 @@ def test_gigpo_adds_step_advantages_on_shared_states(group):
         assert a == pytest.approx(b, abs=1e-6)
 
 
+def test_turn_grpo_credits_each_turn_among_episodes_that_reached_it(group):
+    """Gold episodes pass every turn, omitting ones fail turn 0: turn 0 is ranked (gold +,
+    omit -); later turns are reached from the gold state only by the two gold episodes, which
+    both pass, so their tokens get 0 — where episode-level GRPO credits them too."""
+    batch, stats = build_batch([group], _algo("algo.advantage=turn_grpo"))
+    assert stats["groups_with_signal"] == 1.0
+    for e, adv in zip(group["episodes"], batch["advantages"]):
+        assert all(a == 0 for a, m in zip(adv, e["response_mask"]) if not m)
+        by_turn = {}
+        for (start, end), u in zip(e["step_spans"], e["step_turns"]):
+            by_turn.setdefault(u, set()).update(adv[start:end])
+        assert all(len(v) == 1 for v in by_turn.values())  # one value per turn
+        first = next(iter(by_turn[0]))
+        assert first > 0 if e["rewards"]["outcome"] == 1.0 else first < 0
+        assert all(next(iter(v)) == 0 for u, v in by_turn.items() if u > 0)
+
+
 def test_ppo_token_rewards_sum_to_the_episode_reward(group):
     batch, _ = build_batch([group], _algo("algo.advantage=ppo", "algo.critic.lr=1e-5"))
     assert "advantages" not in batch

@@ -55,7 +55,22 @@ def rloo(rewards: Tensor) -> Tensor:
     return r - (r.sum() - r) / (g - 1)
 
 
-ADVANTAGES: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo}
+def raft(rewards: Tensor) -> Tensor:
+    """RAFT / rejection-sampling fine-tuning (Dong et al. 2023; RAFT++, Xiong et al. 2025):
+    A_i = 1 if r_i = max_g r and max_g r > 0, else 0.
+
+    Only the group's best episodes are reinforced (imitated); the others get no gradient, so
+    nothing is pushed down. Xiong et al. find it learns faster than GRPO early in training and
+    lowers entropy faster later (no negative samples to keep exploring).
+    """
+    r = rewards.to(torch.float32) if not rewards.is_floating_point() else rewards
+    if r.numel() == 0:
+        return r.clone()
+    best = r.max()
+    return ((r == best) & (best > 0)).to(r.dtype)
+
+
+ADVANTAGES: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "raft": raft}
 
 
 def get_advantage(name: str) -> AdvantageFn:

@@ -27,6 +27,20 @@ def aggregate_tokens(values: Tensor, mask: Tensor, n_tokens_global: float | Tens
     return total / n
 
 
+def sequence_mean_weights(mask: Tensor, n_sequences: int, n_tokens_global: float) -> Tensor:
+    """Per-token weights that turn the global token mean into a mean of per-sequence means.
+
+    w_it = n_tokens_global / (n_sequences * L_i), with L_i = mask[i].sum(), so that
+    sum_it mask_it * w_it * l_it / n_tokens_global = (1 / n_sequences) * sum_i (1 / L_i) sum_t l_it
+    ("seq-mean-token-mean"). ``n_sequences`` counts the sequences with policy tokens in the
+    whole optimizer step (all micro-batches), like ``n_tokens_global``. Rows without policy
+    tokens get weight 0.
+    """
+    lengths = mask.bool().sum(dim=1, keepdim=True).to(torch.float32)
+    w = float(n_tokens_global) / (n_sequences * lengths.clamp(min=1.0))
+    return torch.where(lengths > 0, w, torch.zeros_like(w)).expand(mask.shape)
+
+
 def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return aggregate_tokens(values.detach().float(), mask, None)
 

@@ -3,10 +3,13 @@
 Pure python + the pure tensor functions of ``agentrl.algos`` (no Ray, no DeepSpeed), so the whole
 mapping from rewards to per-token advantages is testable on its own:
 
-* ``grpo`` / ``dr_grpo`` / ``rloo``: one scalar per episode from its group, broadcast to every
+* ``grpo`` / ``dr_grpo`` / ``rloo`` / ``raft``: one scalar per episode from its group, broadcast to every
   policy token;
 * ``gigpo``: episode advantage + omega * step advantage (steps grouped by the environment state
   they started from), each step's value on that step's tokens;
+* ``turn_grpo``: each user turn's own group-relative pass/fail advantage, among the episodes that
+  passed every earlier turn, on that turn's tokens (``algo.reward`` is not used: the turn verdicts
+  are the reward);
 * ``slca``: A_tool from R_tool (HierR process) on tool-segment tokens, A_sum from R_sum on
   summary-segment tokens;
 * ``ppo``: no advantages here — per-token rewards (each step's reward on its last token) for the
@@ -23,10 +26,11 @@ import torch
 from agentrl.algos.advantages import get_advantage
 from agentrl.algos.gigpo import gigpo, steps_to_tokens
 from agentrl.algos.slca import route_segments
+from agentrl.algos.turn_grpo import turn_grpo, turns_reached, turns_to_steps
 from agentrl.algos.slca import slca as slca_advantages
 from agentrl.rewards.scoring import step_rewards
 
-EPISODE_LEVEL = ("grpo", "dr_grpo", "rloo")
+EPISODE_LEVEL = ("grpo", "dr_grpo", "rloo", "raft")
 
 
 def _state_ids(groups_states: list[list[str]]) -> list[torch.Tensor]:
@@ -72,6 +76,14 @@ def build_batch(groups: list[dict], algo, kl_per_token: list[list[float]] | None
             step_adv = gigpo(rewards, srs, _state_ids([e["step_states"] for e in eps]), algo.gigpo.omega, algo.gigpo.gamma, algo.eps)
             per_token = [steps_to_tokens(a, [tuple(sp) for sp in e["step_spans"]], len(e["token_ids"])) for a, e in zip(step_adv, eps)]
             signal += int(bool((rewards != rewards[0]).any()))
+        elif name == "turn_grpo":
+            reached = [turns_reached(e["turn_passed"], e["step_turns"]) for e in eps]
+            turn_adv = turn_grpo([e["turn_passed"] for e in eps], reached, algo.eps)
+            per_token = [steps_to_tokens(turns_to_steps(a, e["step_turns"]), [tuple(sp) for sp in e["step_spans"]], len(e["token_ids"]))
+                         for a, e in zip(turn_adv, eps)]
+            if kl_coef:
+                raise ValueError("algo.kl_in=reward is not defined for algo.advantage=turn_grpo; use kl_in=loss")
+            signal += int(any(bool((a != 0).any()) for a in turn_adv))
         elif name == "ppo":
             per_token = []
             for e, k in zip(eps, kls):
@@ -88,9 +100,9 @@ def build_batch(groups: list[dict], algo, kl_per_token: list[list[float]] | None
             fn = get_advantage(name)
             adv = fn(rewards, eps=algo.eps) if name == "grpo" else fn(rewards)
             per_token = [a * torch.tensor(e["response_mask"], dtype=torch.float32) for a, e in zip(adv, eps)]
-            signal += int(bool((rewards != rewards[0]).any()))
+            signal += int(bool((adv != 0).any()))
         else:
-            raise ValueError(f"algo.advantage={name!r} has no batch builder; known: {', '.join(EPISODE_LEVEL)}, gigpo, slca, ppo")
+            raise ValueError(f"algo.advantage={name!r} has no batch builder; known: {', '.join(EPISODE_LEVEL)}, gigpo, turn_grpo, slca, ppo")
         for e, t in zip(eps, per_token):
             batch["input_ids"].append(e["token_ids"])
             batch["response_mask"].append(e["response_mask"])
