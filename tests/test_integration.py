@@ -53,6 +53,34 @@ def test_two_training_iterations_through_real_actors(tiny_model_dir, ray_cluster
     assert any((run_dir / "tb").iterdir())
 
 
+def test_async_rollouts_overlap_learning_one_version_behind(tiny_model_dir, ray_cluster, tmp_path):
+    """train.async_rollouts: step k+1 is rolled out while the learner trains on step k, so every
+    batch after the first comes from the policy one version behind the learner (lag 1, nothing
+    dropped as stale) and the engine-vs-learner logprob gap is real, not ~0. The mid-run
+    evaluation (eval_every=2) waits for the in-flight rollouts and syncs first. With
+    learner.mini_batches=2 each step takes two optimizer steps."""
+    from agentrl.runtime.driver import train
+
+    # the test model rarely succeeds, so advantages are mostly 0: an entropy bonus makes every
+    # update move the policy, so the one-version lag shows in the logprob gap
+    cfg = _config(tiny_model_dir, tmp_path, "train.async_rollouts=true", "train.steps=3", "train.eval_every=2",
+                  "learner.mini_batches=2", "learner.lr=1e-3", "algo.entropy_coef=0.01")
+    evals = train(cfg, config_path=None)
+    run_dir = next((tmp_path / "runs").iterdir())
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "train/success" in x]
+    assert [x["step"] for x in steps] == [1, 2, 3]
+    assert [x["train/policy_lag"] for x in steps] == [0, 1, 1]
+    assert [x["learner/staleness"] for x in steps] == [0, 1, 1]
+    assert [x["train/policy_version"] for x in steps] == [1, 2, 3]
+    assert all(x["learner/optimizer_steps"] == 2 for x in steps)
+    assert steps[-1]["buffer/dropped_stale"] == 0
+    assert steps[0]["learner/logprob_mismatch"] < 1e-3 < steps[1]["learner/logprob_mismatch"]
+    assert all(x["time/generate"] > 0 for x in steps)
+    assert [x["step"] for x in lines if "eval/success" in x] == [2, 3]
+    assert set(evals) == {"start", "end"}
+
+
 def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_cluster, tmp_path):
     """After a sync, vLLM's sampled-token logprobs equal the learner's recomputation.
 
@@ -81,6 +109,22 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
         policy = [i for i, m in enumerate(episode["response_mask"]) if m]
         learner_lp = ray.get(learner.compute_logprobs.remote([episode["token_ids"]]))[0]
         return max(abs(learner_lp[i] - episode["logprobs"][i]) for i in policy)
+
+    # At T = 0.5 the engine reports logprobs of the tempered distribution it sampled from: equal
+    # to HF's softmax(logits / 0.5), not to the untempered policy's.
+    import torch
+
+    from agentrl.engines.hf_policy import token_logprobs
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    tempered = ray.get(worker.sample_one.remote(task, 7, 0.5))
+    with torch.no_grad():
+        ids = torch.tensor([tempered["token_ids"]])
+        at_half, at_one = (token_logprobs(hf, ids, temperature=t)[0].tolist() for t in (0.5, 1.0))
+    policy = [i for i, m in enumerate(tempered["response_mask"]) if m]
+    assert max(abs(at_half[i] - tempered["logprobs"][i]) for i in policy) < 2e-3
+    assert max(abs(at_one[i] - tempered["logprobs"][i]) for i in policy) > 2e-3
 
     # One real update on a group of sampled episodes (rewards varied by hand so advantages != 0).
     group = {"task_id": task.id, "version": 0, "episodes": [ray.get(worker.sample_one.remote(task, seed)) for seed in range(4)]}

@@ -151,6 +151,30 @@ def test_train_step_matches_plain_torch(learner, batch, reference_after_step):
         torch.testing.assert_close(torch.tensor(lp), reference_after_step[i, : len(lp)], atol=2e-4, rtol=0)
 
 
+def test_tempered_learner_scores_the_sampling_distribution(model_dir, batch):
+    """temperature=0.5: policy logprobs (and so the PPO ratio) are of softmax(logits / 0.5)."""
+    from agentrl.engines.deepspeed_learner import DeepSpeedLearner
+
+    learner = DeepSpeedLearner(model_dir, LearnerConfig(zero_stage=0, lr=LR, adam_eps=1e-4), AlgoConfig(kl_coef=0.0), "float32",
+                               seed=0, temperature=0.5)
+    try:
+        assert learner.engine.basic_optimizer.param_groups[0]["eps"] == 1e-4  # learner.adam_eps reaches AdamW
+        got = learner.compute_logprobs(batch["input_ids"])
+    finally:
+        learner.close()
+    ids, attn = pad_batch(batch["input_ids"], 0)
+    with torch.no_grad():
+        logits = _load(model_dir)(ids, attention_mask=attn).logits[:, :-1].float()
+        half = (logits / 0.5).log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        one = token_logprobs(_load(model_dir), ids, attn)
+    for i, lp in enumerate(got):
+        n = len(lp)
+        torch.testing.assert_close(torch.tensor(lp[1:]), half[i, : n - 1], atol=1e-5, rtol=0)
+        assert (torch.tensor(lp[1:]) - one[i, 1:n]).abs().max() > 1e-2
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        DeepSpeedLearner(model_dir, LearnerConfig(zero_stage=0), AlgoConfig(kl_coef=0.0), "float32", temperature=0.0)
+
+
 def test_weights_blob_round_trip(learner, model_dir, batch):
     from safetensors.torch import load
 
@@ -193,6 +217,79 @@ def test_ppo_epochs_bf16_and_save(model_dir, batch, tmp_path):
         assert learner.train_step(empty)["skipped"] == 1.0
     finally:
         learner.close()
+
+
+def test_mini_batches_match_sequential_plain_torch_steps(model_dir, batch):
+    """learner.mini_batches=2: two AdamW steps per train_step, each on a random half of the batch,
+    normalized by that half's tokens; the second half's ratio uses the logprobs from before the
+    first step (PPO's pi_old), not the moved policy. Equal to the same two steps in plain torch."""
+    from agentrl.engines.deepspeed_learner import DeepSpeedLearner
+
+    lcfg = LearnerConfig(zero_stage=1, lr=LR, micro_batch_size=1, mini_batches=2, grad_clip=1.0)
+    learner = DeepSpeedLearner(model_dir, lcfg, AlgoConfig(kl_coef=0.0, tis_cap=CAP), "float32", seed=0)
+    try:
+        parts = learner._mini_batches(4)
+        assert sorted(i for p in parts for i in p) == [0, 1, 2, 3] and all(len(p) == 2 for p in parts)
+        assert parts == learner._mini_batches(4)  # seeded: a rerun splits the same way
+        m = learner.train_step(batch)
+        after = learner.compute_logprobs(batch["input_ids"])
+        assert m["optimizer_steps"] == 2.0 and m["approx_kl"] > 0  # the 2nd half saw a moved policy
+        assert {float(st["step"]) for st in learner.engine.basic_optimizer.state.values()} == {2.0}
+    finally:
+        learner.close()
+
+    model = _load(model_dir)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    ids, attn, mask, roll, adv = pad_batch(
+        batch["input_ids"], 0, batch["response_mask"], batch["rollout_logprobs"], batch["advantages"]
+    )
+    mask = mask.bool()
+    with torch.no_grad():
+        old = token_logprobs(model, ids, attn)
+    for part in parts:
+        opt.zero_grad()
+        lp = token_logprobs(model, ids[part], attn[part])
+        w = truncated_is_weights(old[part], roll[part], CAP)
+        loss, _ = ppo_clip_loss(lp, old[part], adv[part], mask[part], is_weights=w, n_tokens_global=mask[part].sum())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    with torch.no_grad():
+        expect = token_logprobs(model, ids, attn)
+    for i, lp in enumerate(after):
+        torch.testing.assert_close(torch.tensor(lp), expect[i, : len(lp)], atol=2e-4, rtol=0)
+
+
+def test_seq_mean_loss_matches_plain_torch(model_dir, batch):
+    """algo.loss_agg=seq_mean_token_mean across micro-batches of 2: one step equals plain torch on
+    the loss mean_i (1 / L_i) sum_t l_it."""
+    from agentrl.engines.deepspeed_learner import DeepSpeedLearner
+
+    lcfg = LearnerConfig(zero_stage=1, lr=LR, micro_batch_size=2, grad_clip=1.0)
+    algo = AlgoConfig(kl_coef=0.0, tis_cap=CAP, loss_agg="seq_mean_token_mean")
+    learner = DeepSpeedLearner(model_dir, lcfg, algo, "float32", seed=0)
+    try:
+        learner.train_step(batch)
+        after = learner.compute_logprobs(batch["input_ids"])
+    finally:
+        learner.close()
+    model = _load(model_dir)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    ids, attn, mask, roll, adv = pad_batch(
+        batch["input_ids"], 0, batch["response_mask"], batch["rollout_logprobs"], batch["advantages"]
+    )
+    mask = mask.bool()
+    lp = token_logprobs(model, ids, attn)
+    w = truncated_is_weights(lp.detach(), roll, CAP)
+    per_seq = [ppo_clip_loss(lp[i:i + 1], lp[i:i + 1].detach(), adv[i:i + 1], mask[i:i + 1], is_weights=w[i:i + 1])[0]
+               for i in range(len(ids))]
+    (sum(per_seq) / len(per_seq)).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    with torch.no_grad():
+        expect = token_logprobs(model, ids, attn)
+    for i, lp_i in enumerate(after):
+        torch.testing.assert_close(torch.tensor(lp_i), expect[i, : len(lp_i)], atol=2e-4, rtol=0)
 
 
 def test_ppo_critic_learns_values_and_drives_the_policy(model_dir, batch):

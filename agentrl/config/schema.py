@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, mode
 
 # Advantage estimators ``algo.advantage`` accepts: the ones ``agentrl.runtime.batching`` builds
 # (tests/test_batching.py checks the two agree). Kept here so validating a config needs no torch.
-KNOWN_ADVANTAGES: set[str] = {"grpo", "dr_grpo", "rloo", "gigpo", "ppo", "slca"}
+KNOWN_ADVANTAGES: set[str] = {"grpo", "dr_grpo", "rloo", "raft", "gigpo", "turn_grpo", "ppo", "slca"}
 
 # Reusable strict field types. ``allow_inf_nan=False``: a NaN learning rate is never intended.
 NonNegInt = Annotated[int, Strict(), Field(ge=0)]
@@ -93,7 +93,8 @@ class RolloutConfig(Section):
     group_size: Annotated[int, Strict(), Field(ge=2)] = 8
     # Tasks sampled per training step; a step trains on tasks_per_step * group_size episodes.
     tasks_per_step: PosInt = 8
-    # Sampling temperature of training rollouts (engine and learner logprobs are both untempered).
+    # Sampling temperature of training rollouts. The engine reports, and the learner computes,
+    # logprobs of the tempered distribution softmax(logits / T) the tokens were drawn from.
     temperature: PosFloat = 1.0
     # Nucleus sampling mass; 1.0 disables it.
     top_p: Fraction = 1.0
@@ -212,8 +213,10 @@ class AlgoConfig(Section):
     # Reward the advantages are computed from: "progress" (turns passed / turns, DESIGN §3; denser,
     # as RODS uses) or "outcome" (1 only when every turn passes). SLCA uses rewards.* instead.
     reward: Literal["progress", "outcome"] = "progress"
-    # Advantage estimator: grpo, dr_grpo, rloo, gigpo (episode + step groups), ppo (needs
-    # algo.critic), slca (segment-locked; needs rewards.summary).
+    # Advantage estimator: grpo, dr_grpo, rloo, raft (1 on the group's best episodes, 0 else),
+    # gigpo (episode + step groups), turn_grpo (each
+    # user turn's own pass/fail, among episodes that passed every earlier turn; algos/turn_grpo.py),
+    # ppo (needs algo.critic), slca (segment-locked; needs rewards.summary).
     advantage: NonEmptyStr = "grpo"
     # Added to the group std before dividing (DESIGN §4).
     eps: PosFloat = 1e-6
@@ -234,6 +237,12 @@ class AlgoConfig(Section):
     entropy_coef: NonNegFloat = 0.0
     # Cap C of the truncated importance weight min(pi_old / pi_rollout, C).
     tis_cap: PosFloat = 2.0
+    # How token losses are averaged (verl's loss_agg_mode): "token_mean" (every policy token of
+    # the mini-batch weighs the same; DAPO) or "seq_mean_token_mean" (mean over each episode's
+    # tokens, then over episodes; GRPO paper). With token_mean, long episodes weigh more: when
+    # failures are the long ones (retry loops), the tokens every episode shares (call syntax) get
+    # a net negative push.
+    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
     # GiGPO settings (used when advantage = gigpo).
     gigpo: GiGPOConfig = Field(default_factory=GiGPOConfig)
     # SLCA settings (used when advantage = slca).
@@ -257,6 +266,8 @@ class AlgoConfig(Section):
             raise ValueError("algo.advantage=ppo needs a critic: set algo.critic (e.g. algo.critic.lr=1e-5)")
         if self.advantage == "slca" and self.kl_in == "reward":
             raise ValueError("algo.kl_in=reward is not defined for algo.advantage=slca (two rewards); use kl_in=loss")
+        if self.advantage == "turn_grpo" and self.kl_in == "reward":
+            raise ValueError("algo.kl_in=reward is not defined for algo.advantage=turn_grpo (per-turn verdicts); use kl_in=loss")
         return self
 
 
@@ -269,12 +280,18 @@ class LearnerConfig(Section):
     weight_decay: NonNegFloat = 0.0
     # AdamW betas (beta1, beta2).
     betas: tuple[Beta, Beta] = (0.9, 0.999)
+    # AdamW epsilon. Larger values (RL practice, e.g. 1.5e-4 in Rainbow DQN) damp the update of
+    # parameters whose gradients are far smaller than eps instead of scaling every one to ~lr.
+    adam_eps: PosFloat = 1e-8
     # Gradient-norm clip; 0 disables clipping.
     grad_clip: NonNegFloat = 1.0
     # Episodes per forward/backward pass.
     micro_batch_size: PosInt = 8
     # Passes over each step's batch.
     ppo_epochs: PosInt = 1
+    # Optimizer steps per pass: the batch is split into this many random mini-batches (PPO
+    # mini-batches, as OpenRLHF/verl's mini-batch size); more updates from the same rollouts.
+    mini_batches: PosInt = 1
     # Linear learning-rate warm-up, in optimizer steps.
     warmup_steps: NonNegInt = 0
 
@@ -292,6 +309,10 @@ class TrainConfig(Section):
     checkpoint_every: NonNegInt = 0
     # Stop cleanly after this many minutes of wall time; null = no limit.
     max_minutes: PosFloat | None = None
+    # Roll out step k+1 while the learner trains on step k (one-step off-policy, like verl's
+    # one-step-off-policy trainer): each batch comes from the policy one version behind the
+    # learner, corrected by truncated IS (algo.tis_cap). Needs buffer.max_staleness >= 1.
+    async_rollouts: Bool = False
 
 
 class HierRConfig(Section):
@@ -474,4 +495,7 @@ class Config(Section):
             raise ValueError("algo.advantage=slca needs summary scoring: set rewards.summary to rule or judge")
         if self.rods.enabled and self.tasks.fresh_train:
             raise ValueError("rods.enabled=true needs tasks.fresh_train=false: RODS grows its pool from the tasks.train seeds")
+        if self.train.async_rollouts and self.buffer.max_staleness < 1:
+            raise ValueError("train.async_rollouts=true trains on rollouts one policy version old: "
+                             f"buffer.max_staleness={self.buffer.max_staleness} must be >= 1")
         return self

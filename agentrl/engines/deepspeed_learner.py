@@ -4,11 +4,13 @@ Designed to live inside one Ray actor (world size 1 per learner), on CPU (gloo) 
 
 Gradient accumulation is done by us, not by DeepSpeed's micro-step counter: a step's batch is
 split into however many micro-batches it needs (batch sizes vary with group filtering), every
-micro-batch loss is already normalized by the step's *global* policy-token count (see
+micro-batch loss is already normalized by its mini-batch's policy-token count (see
 ``algos.losses``), and DeepSpeed is told ``gradient_accumulation_steps=1`` so it never rescales
 the loss. ``engine.set_gradient_accumulation_boundary(is_last_micro_batch)`` before each backward
 makes ZeRO 1/2 hold the gradient reduction until the last micro-batch, and the single
 ``engine.step()`` after it applies exactly one optimizer update (and one LR-scheduler step).
+With ``learner.mini_batches`` > 1 that happens once per mini-batch, each normalized by its own
+token count.
 
 DeepSpeed only runs its backward bookkeeping (ZeRO hooks, boundary flags) for outputs of
 ``engine(...)``, so the engine wraps the HF model in ``_PolicyLogprobs`` whose forward *returns
@@ -29,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from agentrl.algos.critic import gae, whiten
-from agentrl.algos.losses import aggregate_tokens, kl_penalty, ppo_clip_loss, truncated_is_weights
+from agentrl.algos.losses import aggregate_tokens, kl_penalty, ppo_clip_loss, sequence_mean_weights, truncated_is_weights
 from agentrl.engines.hf_policy import pad_batch, token_logprobs
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -38,15 +40,18 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 class _PolicyLogprobs(nn.Module):
     """nn.Module handed to DeepSpeed: forward(input_ids, attention_mask) -> (logprobs, entropy).
 
-    The entropy carries a gradient only when an entropy bonus is configured (it costs memory)."""
+    The entropy carries a gradient only when an entropy bonus is configured (it costs memory).
+    Logprobs are of the tempered policy softmax(logits / temperature) the rollouts sampled from."""
 
-    def __init__(self, model: nn.Module, entropy_grad: bool = False):
+    def __init__(self, model: nn.Module, entropy_grad: bool = False, temperature: float = 1.0):
         super().__init__()
         self.model = model
         self.entropy_grad = entropy_grad
+        self.temperature = temperature
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        return token_logprobs(self.model, input_ids, attention_mask, with_entropy=True, entropy_grad=self.entropy_grad)
+        return token_logprobs(self.model, input_ids, attention_mask, with_entropy=True, entropy_grad=self.entropy_grad,
+                              temperature=self.temperature)
 
 
 def _free_port() -> int:
@@ -112,7 +117,11 @@ class DeepSpeedLearner:
     rollout side tags episodes with) and ``pad_id``.
     """
 
-    def __init__(self, model_path: str, learner_cfg: Any, algo_cfg: Any, dtype: str = "float32", seed: int = 0):
+    def __init__(self, model_path: str, learner_cfg: Any, algo_cfg: Any, dtype: str = "float32", seed: int = 0,
+                 temperature: float = 1.0):
+        """``temperature``: the rollouts' sampling temperature. The policy, the reference and the
+        PPO ratio are all scored under softmax(logits / temperature), the distribution the
+        episodes were drawn from (as verl does); greedy decoding is unchanged by it."""
         _setup_single_process_env()
         import deepspeed  # after the env is set: the accelerator is chosen at import
         import logging
@@ -123,6 +132,9 @@ class DeepSpeedLearner:
         from transformers import AutoModelForCausalLM
 
         self.learner_cfg, self.algo_cfg, self.dtype = learner_cfg, algo_cfg, dtype
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
+        self.temperature = temperature
         self.version = 0
         self._deepspeed = deepspeed
         t0 = time.perf_counter()
@@ -130,6 +142,7 @@ class DeepSpeedLearner:
             deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
         self.init_distributed_s = time.perf_counter() - t0
 
+        self.seed = seed
         torch.manual_seed(seed)
         # Load in fp32: DeepSpeed casts to bf16/fp16 itself and keeps fp32 master weights.
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -142,6 +155,7 @@ class DeepSpeedLearner:
             model.parameters(),
             lr=learner_cfg.lr,
             betas=tuple(learner_cfg.betas),
+            eps=learner_cfg.adam_eps,
             weight_decay=learner_cfg.weight_decay,
         )
         warmup = learner_cfg.warmup_steps
@@ -150,7 +164,7 @@ class DeepSpeedLearner:
             return 1.0 if warmup <= 0 else min(1.0, (step + 1) / warmup)
 
         self.engine, _, _, _ = deepspeed.initialize(
-            model=_PolicyLogprobs(model, entropy_grad=algo_cfg.entropy_coef > 0),
+            model=_PolicyLogprobs(model, entropy_grad=algo_cfg.entropy_coef > 0, temperature=temperature),
             optimizer=optimizer,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda),
             config=build_ds_config(learner_cfg, dtype),
@@ -177,21 +191,32 @@ class DeepSpeedLearner:
     def hf_model(self) -> nn.Module:
         return self.engine.module.model
 
-    def _micro_batches(self, n: int, lengths: Sequence[int]) -> list[list[int]]:
-        """Index lists of ``micro_batch_size`` sequences, length-sorted to minimize padding (the
-        loss does not depend on how the step is split, thanks to global-token normalization)."""
-        order = sorted(range(n), key=lambda i: lengths[i])
+    def _micro_batches(self, n: int, lengths: Sequence[int], subset: Sequence[int] | None = None) -> list[list[int]]:
+        """Index lists of ``micro_batch_size`` sequences (of ``subset``, default all), length-sorted
+        to minimize padding (the loss does not depend on how a mini-batch is split, thanks to
+        its global-token normalization)."""
+        order = sorted(range(n) if subset is None else subset, key=lambda i: lengths[i])
         mbs = self.learner_cfg.micro_batch_size
-        return [order[i : i + mbs] for i in range(0, n, mbs)]
+        return [order[i : i + mbs] for i in range(0, len(order), mbs)]
+
+    def _mini_batches(self, n: int) -> list[list[int]]:
+        """``learner.mini_batches`` disjoint random index sets covering the batch, one optimizer
+        step each. Random, not length-sorted: a mini-batch of only the shortest episodes would
+        give a biased update. Seeded by the policy version, so a run is reproducible."""
+        k = min(self.learner_cfg.mini_batches, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.version)).tolist()
+        return [perm[i::k] for i in range(k)]
 
     # ------------------------------------------------------------------ training
     def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
-        """One policy update (``ppo_epochs`` optimizer steps) on a batch of episodes.
+        """One policy update on a batch of episodes: ``ppo_epochs`` passes over it, each split into
+        ``mini_batches`` random mini-batches with one optimizer step each.
 
         ``batch`` holds python lists, one entry per sequence: ``input_ids`` (token lists),
         ``response_mask`` (1 on policy tokens), ``advantages`` (per token, already broadcast) — or,
         for PPO, ``token_rewards`` from which the critic and GAE make the advantages — and
         optionally ``rollout_logprobs`` (the engine's sampled-token logprobs, 0 off-policy tokens).
+        Every mini-batch loss is normalized by that mini-batch's policy-token count.
         """
         t0 = time.perf_counter()
         acfg, lcfg = self.algo_cfg, self.learner_cfg
@@ -202,11 +227,15 @@ class DeepSpeedLearner:
         adv_l = batch["token_rewards"] if use_critic else batch["advantages"]
         roll_l = batch.get("rollout_logprobs")
         extra = [resp_l, adv_l] + ([roll_l] if roll_l is not None else [])
-        micro = []
-        for idx in self._micro_batches(len(ids_l), [len(s) for s in ids_l]):
-            t = pad_batch([ids_l[i] for i in idx], self.pad_id, *[[x[i] for i in idx] for x in extra], device=self.device)
-            roll = t[4] if roll_l is not None else None
-            micro.append({"ids": t[0], "attn": t[1], "mask": (t[2] > 0) & (t[1] > 0), "adv": t[3], "roll": roll})
+        lengths = [len(s) for s in ids_l]
+        minis: list[list[dict]] = []
+        for subset in self._mini_batches(len(ids_l)):
+            minis.append([])
+            for idx in self._micro_batches(len(ids_l), lengths, subset):
+                t = pad_batch([ids_l[i] for i in idx], self.pad_id, *[[x[i] for i in idx] for x in extra], device=self.device)
+                roll = t[4] if roll_l is not None else None
+                minis[-1].append({"ids": t[0], "attn": t[1], "mask": (t[2] > 0) & (t[1] > 0), "adv": t[3], "roll": roll})
+        micro = [m for mini in minis for m in mini]
         n_tok = int(sum(int(m["mask"].sum()) for m in micro))
         self.version += 1
         lr = float(self.engine.get_lr()[0])
@@ -215,53 +244,65 @@ class DeepSpeedLearner:
 
         critic_stats = self._critic_advantages(micro, n_tok) if use_critic else {}
         use_kl = self.ref_model is not None and acfg.kl_coef > 0 and acfg.kl_in == "loss"
-        precompute_old = lcfg.ppo_epochs > 1
+        # After the first optimizer step the policy has moved: later updates need the logprobs of
+        # the policy as it was before this step (PPO's pi_old), computed up front.
+        precompute_old = lcfg.ppo_epochs > 1 or len(minis) > 1
         with torch.no_grad():
             for m in micro:
                 if use_kl:
-                    m["ref"] = token_logprobs(self.ref_model, m["ids"], m["attn"])
+                    m["ref"] = token_logprobs(self.ref_model, m["ids"], m["attn"], temperature=self.temperature)
                 if precompute_old:
                     m["old"], m["ent"] = self.engine(m["ids"], m["attn"])
 
+        # Metrics: token-weighted means over the whole batch, averaged over the epochs.
         sums: dict[str, float] = {k: 0.0 for k in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "entropy_bonus")}
         first: dict[str, float] = {k: 0.0 for k in ("is_weight_mean", "logprob_mismatch", "entropy")}
         grad_norms = []
         for epoch in range(lcfg.ppo_epochs):
-            for k, m in enumerate(micro):
-                self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
-                lp, ent = self.engine(m["ids"], m["attn"])
-                old = m["old"] if precompute_old else lp.detach()
-                mask, n_mb = m["mask"], float(m["mask"].sum())
-                is_w = truncated_is_weights(old, m["roll"], acfg.tis_cap) if m["roll"] is not None else None
-                pg, st = ppo_clip_loss(
-                    lp, old, m["adv"], mask, clip_low=acfg.clip_low, clip_high=acfg.clip_high,
-                    dual_clip=acfg.dual_clip, is_weights=is_w, n_tokens_global=n_tok,
-                )
-                loss = pg
-                if acfg.entropy_coef > 0:
-                    bonus = aggregate_tokens(ent, mask, n_tok)
-                    loss = loss - acfg.entropy_coef * bonus
-                    sums["entropy_bonus"] += float(bonus.detach())
-                if use_kl:
-                    kl = aggregate_tokens(kl_penalty(lp, m["ref"], acfg.kl_estimator), mask, n_tok)
-                    loss = loss + acfg.kl_coef * kl
-                    sums["kl"] += float(kl.detach())
-                self.engine.backward(loss)
-                sums["loss"] += float(loss.detach())
-                sums["pg_loss"] += float(pg.detach())
-                sums["clip_frac"] += float(st["clip_frac"]) * n_mb / n_tok
-                sums["approx_kl"] += float(st["approx_kl"]) * n_mb / n_tok
-                if epoch == 0:
-                    with torch.no_grad():
-                        ent0 = m["ent"] if precompute_old else ent.detach()
-                        first["entropy"] += float(aggregate_tokens(ent0, mask, n_tok))
-                        if is_w is not None:
-                            first["is_weight_mean"] += float(aggregate_tokens(is_w, mask, n_tok))
-                            first["logprob_mismatch"] += float(aggregate_tokens((old - m["roll"]).abs(), mask, n_tok))
-            manual_norm = self._param_grad_norm() if self._needs_manual_grad_norm() else float("nan")
-            self.engine.step()
-            gn = self.engine.get_global_grad_norm()
-            grad_norms.append(float(gn) if gn is not None else manual_norm)
+            for mini in minis:
+                n_mini = int(sum(int(m["mask"].sum()) for m in mini))
+                if n_mini == 0:
+                    continue
+                share = n_mini / n_tok  # this mini-batch's weight in the batch-level metrics
+                seqs_mini = int(sum(int((m["mask"].sum(dim=1) > 0).sum()) for m in mini))
+                for k, m in enumerate(mini):
+                    self.engine.set_gradient_accumulation_boundary(k == len(mini) - 1)
+                    lp, ent = self.engine(m["ids"], m["attn"])
+                    old = m["old"] if precompute_old else lp.detach()
+                    mask, n_mb = m["mask"], float(m["mask"].sum())
+                    # loss_agg: per-token weights (1 = token mean); positive, so scaling the
+                    # advantages weights the clipped PPO term exactly
+                    agg = 1.0 if acfg.loss_agg == "token_mean" else sequence_mean_weights(mask, seqs_mini, n_mini)
+                    is_w = truncated_is_weights(old, m["roll"], acfg.tis_cap) if m["roll"] is not None else None
+                    pg, st = ppo_clip_loss(
+                        lp, old, m["adv"] * agg, mask, clip_low=acfg.clip_low, clip_high=acfg.clip_high,
+                        dual_clip=acfg.dual_clip, is_weights=is_w, n_tokens_global=n_mini,
+                    )
+                    loss = pg
+                    if acfg.entropy_coef > 0:
+                        bonus = aggregate_tokens(ent * agg, mask, n_mini)
+                        loss = loss - acfg.entropy_coef * bonus
+                        sums["entropy_bonus"] += float(bonus.detach()) * share
+                    if use_kl:
+                        kl = aggregate_tokens(kl_penalty(lp, m["ref"], acfg.kl_estimator) * agg, mask, n_mini)
+                        loss = loss + acfg.kl_coef * kl
+                        sums["kl"] += float(kl.detach()) * share
+                    self.engine.backward(loss)
+                    sums["loss"] += float(loss.detach()) * share
+                    sums["pg_loss"] += float(pg.detach()) * share
+                    sums["clip_frac"] += float(st["clip_frac"]) * n_mb / n_tok
+                    sums["approx_kl"] += float(st["approx_kl"]) * n_mb / n_tok
+                    if epoch == 0:
+                        with torch.no_grad():
+                            ent0 = m["ent"] if precompute_old else ent.detach()
+                            first["entropy"] += float(aggregate_tokens(ent0, mask, n_tok))
+                            if is_w is not None:
+                                first["is_weight_mean"] += float(aggregate_tokens(is_w, mask, n_tok))
+                                first["logprob_mismatch"] += float(aggregate_tokens((old - m["roll"]).abs(), mask, n_tok))
+                manual_norm = self._param_grad_norm() if self._needs_manual_grad_norm() else float("nan")
+                self.engine.step()
+                gn = self.engine.get_global_grad_norm()
+                grad_norms.append(float(gn) if gn is not None else manual_norm)
 
         if use_critic:
             critic_stats.update(self.critic.train(micro, n_tok))
@@ -273,6 +314,7 @@ class DeepSpeedLearner:
             out.pop("is_weight_mean"), out.pop("logprob_mismatch")
         out.update(
             grad_norm=sum(grad_norms) / len(grad_norms),
+            optimizer_steps=float(len(grad_norms)),
             lr=lr,
             tokens=float(n_tok),
             sequences=float(len(ids_l)),
@@ -305,7 +347,7 @@ class DeepSpeedLearner:
         out: list[list[float]] = [[] for _ in input_ids]
         for idx in self._micro_batches(len(input_ids), [len(s) for s in input_ids]):
             ids, attn = pad_batch([input_ids[i] for i in idx], self.pad_id, device=self.device)
-            lp = token_logprobs(self.ref_model, ids, attn)
+            lp = token_logprobs(self.ref_model, ids, attn, temperature=self.temperature)
             for row, i in enumerate(idx):
                 out[i] = lp[row, : len(input_ids[i])].float().cpu().tolist()
         return out

@@ -45,10 +45,11 @@ def _split_model(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     return decoder, head
 
 
-def _chunk_logprobs(logits: Tensor, targets: Tensor, with_entropy: bool, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
-    """logprob of ``targets`` under ``logits`` [B, C, V] in fp32, and entropy (detached unless
-    ``entropy_grad``: an entropy bonus needs its gradient)."""
-    logits = logits.float()
+def _chunk_logprobs(logits: Tensor, targets: Tensor, with_entropy: bool, entropy_grad: bool = False,
+                    temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """logprob of ``targets`` under ``logits / temperature`` [B, C, V] in fp32, and entropy
+    (detached unless ``entropy_grad``: an entropy bonus needs its gradient)."""
+    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
     lse = torch.logsumexp(logits, dim=-1)
     lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     if with_entropy:
@@ -67,8 +68,12 @@ def token_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     max_logit_elements: int = DEFAULT_MAX_LOGIT_ELEMENTS,
+    temperature: float = 1.0,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """out[:, t] = log p(input_ids[:, t] | input_ids[:, :t]) in float32; out[:, 0] = 0.
+
+    ``temperature``: score under softmax(logits / temperature), the distribution a sampler at
+    that temperature draws from (what vLLM's processed logprobs report).
 
     Positions where ``attention_mask`` is 0 (right padding) are 0. With ``with_entropy`` also
     returns the entropy of the predictive distribution for each token, aligned the same way
@@ -82,7 +87,7 @@ def token_logprobs(
     split = _split_model(model)
     if split is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-        lp, ent = _chunk_logprobs(logits, targets, with_entropy, entropy_grad)
+        lp, ent = _chunk_logprobs(logits, targets, with_entropy, entropy_grad, temperature)
     else:
         decoder, head = split
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
@@ -92,7 +97,7 @@ def token_logprobs(
         n_pos = hidden.shape[1]
 
         def run(h: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
-            return _chunk_logprobs(head(h), tgt, with_entropy, entropy_grad)
+            return _chunk_logprobs(head(h), tgt, with_entropy, entropy_grad, temperature)
 
         lps, ents = [], []
         for s in range(0, n_pos, chunk):

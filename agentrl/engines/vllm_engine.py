@@ -55,6 +55,9 @@ class VLLMEngine:
             worker_extension_cls="agentrl.engines.vllm_worker_ext.AgentRLWorkerExtension",
             disable_log_stats=True,
             enable_prefix_caching=True,
+            # sampled-token logprobs after temperature (and top-p) processing: the distribution the
+            # token was drawn from, which the learner scores too (identical to raw at T = 1)
+            logprobs_mode="processed_logprobs",
             **engine_weight_transfer_kwargs(weight_sync),  # nccl: vLLM's weight-transfer engine
             **extra,
         )

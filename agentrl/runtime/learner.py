@@ -17,14 +17,14 @@ from agentrl.runtime.batching import build_batch
 
 @ray.remote
 class LearnerActor:
-    def __init__(self, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int):
+    def __init__(self, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float = 1.0):
         from agentrl.runtime.env import set_default_env
 
         set_default_env()
         from agentrl.engines.deepspeed_learner import DeepSpeedLearner
 
         self.algo_cfg = algo_cfg
-        self.learner = DeepSpeedLearner(model_path, learner_cfg, algo_cfg, dtype=dtype, seed=seed)
+        self.learner = DeepSpeedLearner(model_path, learner_cfg, algo_cfg, dtype=dtype, seed=seed, temperature=temperature)
         self.model_path = model_path
 
     def get_version(self) -> int:

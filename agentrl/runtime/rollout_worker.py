@@ -58,6 +58,7 @@ def group_summary(group: dict) -> dict:
         "redundant_calls": sum(redundant_calls(e.calls) for e in eps),
         "gen_seconds": sum(e.gen_seconds for e in eps),
         "env_seconds": sum(e.env_seconds for e in eps),
+        "wall_seconds": group.get("wall_seconds", 0.0),
     }
 
 
@@ -158,12 +159,17 @@ class RolloutWorker:
         """G episodes per task, all concurrent. Returns (small summaries, [object ref per group])."""
         from agentrl.engines.vllm_engine import SamplingConfig
 
+        t0 = time.perf_counter()
+
         async def group(i: int, task: Task) -> dict:
             gid = f"{task.id}@v{self.version}#{tag}"
             eps = await asyncio.gather(
                 *[self._episode(task, SamplingConfig(temperature, top_p), gid) for _ in range(group_size)]
             )
-            return {"task_id": task.id, "group_id": gid, "version": self.version, "episodes": [e.to_dict() for e in eps]}
+            # wall_seconds: from the call's start to this group's end (the slowest group = the call's
+            # generation time, which the driver cannot see when it overlaps learning)
+            return {"task_id": task.id, "group_id": gid, "version": self.version, "episodes": [e.to_dict() for e in eps],
+                    "wall_seconds": time.perf_counter() - t0}
 
         groups = await asyncio.gather(*[group(i, t) for i, t in enumerate(tasks)])
         return [group_summary(g) for g in groups], [ray.put(g) for g in groups]
@@ -199,11 +205,11 @@ class RolloutWorker:
         self.version = version
         return version
 
-    async def sample_one(self, task: Task, tag: int) -> dict:
-        """One sampled episode (temperature 1) — used to verify weight sync against the learner."""
+    async def sample_one(self, task: Task, tag: int, temperature: float = 1.0) -> dict:
+        """One sampled episode — used to verify weight sync (and tempered logprobs) against the learner."""
         from agentrl.engines.vllm_engine import SamplingConfig
 
-        ep = await self._episode(task, SamplingConfig(1.0, 1.0), f"probe{tag}")
+        ep = await self._episode(task, SamplingConfig(temperature, 1.0), f"probe{tag}")
         return ep.to_dict()
 
     async def shutdown(self) -> None:
