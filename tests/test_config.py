@@ -139,6 +139,8 @@ def test_every_estimator_is_accepted_and_a_typo_is_not():
         (["rods.llm.temperature=0.5"], "rods.llm.model_path", "exactly one of model_path"),
         (["train.async_rollouts=true", "buffer.max_staleness=0"], "train.async_rollouts", "must be >= 1"),
         (["algo.advantage=turn_grpo", "algo.kl_in=reward"], "algo.kl_in", "not defined for algo.advantage=turn_grpo"),
+        (["algo.advantage=raft", "algo.kl_in=reward"], "algo.kl_in", "not defined for algo.advantage=raft"),
+        (["rollout.top_p=0.9"], "rollout.top_p", "not supported for training yet"),
     ],
 )
 def test_estimator_prerequisites_name_the_key(overrides, key, says):

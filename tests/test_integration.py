@@ -81,6 +81,36 @@ def test_async_rollouts_overlap_learning_one_version_behind(tiny_model_dir, ray_
     assert set(evals) == {"start", "end"}
 
 
+def test_async_rollouts_start_no_step_past_the_time_limit(tiny_model_dir, ray_cluster, tmp_path):
+    """Async mode: a step launches the next step's rollouts only while time is left; rollouts in
+    flight at the end are waited for and discarded, and the engines then get the final weights."""
+    import time
+
+    import ray
+
+    from agentrl.runtime.driver import Trainer, _load_task_sources
+
+    cfg = _config(tiny_model_dir, tmp_path, "train.async_rollouts=true", "train.steps=5")
+    trainer = Trainer(cfg, tmp_path, _load_task_sources(cfg))
+    try:
+        trainer.step(1)
+        assert trainer._pending and trainer._sync_due  # step 2's rollouts run on v0 weights
+        trainer.deadline = time.perf_counter() - 1.0  # train.max_minutes has passed
+        m = trainer.step(2)
+        assert m["train/policy_lag"] == 1 and not trainer._pending  # no rollouts for a step 3
+        m = trainer.step(3)  # nothing in flight: syncs v2 first, then rolls out on it
+        assert m["train/policy_lag"] == 0 and trainer.version == 3 and not trainer._pending
+        trainer.deadline = None
+        trainer.step(4)
+        assert trainer._pending
+        trainer.settle(discard_pending=True)
+        assert not trainer._pending and not trainer._sync_due
+        probe = ray.get(trainer.workers[0].sample_one.remote(trainer.heldout[0], 0))
+        assert probe["policy_version"] == trainer.version == 4
+    finally:
+        trainer.shutdown()
+
+
 def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_cluster, tmp_path):
     """After a sync, vLLM's sampled-token logprobs equal the learner's recomputation.
 

@@ -96,7 +96,8 @@ class RolloutConfig(Section):
     # Sampling temperature of training rollouts. The engine reports, and the learner computes,
     # logprobs of the tempered distribution softmax(logits / T) the tokens were drawn from.
     temperature: PosFloat = 1.0
-    # Nucleus sampling mass; 1.0 disables it.
+    # Nucleus sampling mass; 1.0 disables it. Training needs 1.0 for now (the learner does not
+    # score the truncated nucleus distribution).
     top_p: Fraction = 1.0
     # Token budget of one assistant message.
     max_new_tokens: PosInt = 96
@@ -266,8 +267,9 @@ class AlgoConfig(Section):
             raise ValueError("algo.advantage=ppo needs a critic: set algo.critic (e.g. algo.critic.lr=1e-5)")
         if self.advantage == "slca" and self.kl_in == "reward":
             raise ValueError("algo.kl_in=reward is not defined for algo.advantage=slca (two rewards); use kl_in=loss")
-        if self.advantage == "turn_grpo" and self.kl_in == "reward":
-            raise ValueError("algo.kl_in=reward is not defined for algo.advantage=turn_grpo (per-turn verdicts); use kl_in=loss")
+        if self.advantage in ("turn_grpo", "raft") and self.kl_in == "reward":
+            raise ValueError(f"algo.kl_in=reward is not defined for algo.advantage={self.advantage} (it reads the "
+                             "checker's verdicts, not a shaped reward); use kl_in=loss")
         return self
 
 
@@ -495,6 +497,11 @@ class Config(Section):
             raise ValueError("algo.advantage=slca needs summary scoring: set rewards.summary to rule or judge")
         if self.rods.enabled and self.tasks.fresh_train:
             raise ValueError("rods.enabled=true needs tasks.fresh_train=false: RODS grows its pool from the tasks.train seeds")
+        if self.rollout.top_p < 1.0:
+            # vLLM's processed logprobs are of the renormalized nucleus; the learner scores the
+            # full tempered distribution, so every IS weight would be biased below 1
+            raise ValueError(f"rollout.top_p={self.rollout.top_p} is not supported for training yet: the learner scores "
+                             "the full tempered distribution, not the nucleus; use top_p=1.0 (and rollout.temperature)")
         if self.train.async_rollouts and self.buffer.max_staleness < 1:
             raise ValueError("train.async_rollouts=true trains on rollouts one policy version old: "
                              f"buffer.max_staleness={self.buffer.max_staleness} must be >= 1")

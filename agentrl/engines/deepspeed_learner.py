@@ -237,6 +237,7 @@ class DeepSpeedLearner:
                 minis[-1].append({"ids": t[0], "attn": t[1], "mask": (t[2] > 0) & (t[1] > 0), "adv": t[3], "roll": roll})
         micro = [m for mini in minis for m in mini]
         n_tok = int(sum(int(m["mask"].sum()) for m in micro))
+        n_seqs = int(sum(int((m["mask"].sum(dim=1) > 0).sum()) for m in micro))
         self.version += 1
         lr = float(self.engine.get_lr()[0])
         if n_tok == 0:  # nothing to learn from: skip the optimizer step (AdamW would still decay)
@@ -263,8 +264,10 @@ class DeepSpeedLearner:
                 n_mini = int(sum(int(m["mask"].sum()) for m in mini))
                 if n_mini == 0:
                     continue
-                share = n_mini / n_tok  # this mini-batch's weight in the batch-level metrics
                 seqs_mini = int(sum(int((m["mask"].sum(dim=1) > 0).sum()) for m in mini))
+                # this mini-batch's weight in the batch-level loss metrics: its share of what the
+                # loss averages over (tokens, or episodes under seq_mean_token_mean)
+                share = n_mini / n_tok if acfg.loss_agg == "token_mean" else seqs_mini / n_seqs
                 for k, m in enumerate(mini):
                     self.engine.set_gradient_accumulation_boundary(k == len(mini) - 1)
                     lp, ent = self.engine(m["ids"], m["attn"])
