@@ -63,21 +63,37 @@ def batch(model_dir) -> dict:
     return {"input_ids": seqs, "response_mask": mask, "rollout_logprobs": roll, "advantages": adv}
 
 
+def _padded(batch: dict) -> tuple[torch.Tensor, ...]:
+    """(ids, attn, bool mask, rollout logprobs, advantages) of the batch, right-padded."""
+    ids, attn, mask, roll, adv = pad_batch(
+        batch["input_ids"], 0, batch["response_mask"], batch["rollout_logprobs"], batch["advantages"]
+    )
+    return ids, attn, mask.bool(), roll, adv
+
+
+def _adamw_step(model, opt, loss: torch.Tensor) -> None:
+    """One plain-torch step as the learner takes it: clip the gradient norm at 1, AdamW."""
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
+def _assert_logprobs_equal(after: list[list[float]], expect: torch.Tensor) -> None:
+    for i, lp in enumerate(after):
+        torch.testing.assert_close(torch.tensor(lp), expect[i, : len(lp)], atol=2e-4, rtol=0)
+
+
 @pytest.fixture(scope="module")
 def reference_after_step(model_dir, batch) -> torch.Tensor:
     """Token logprobs after one plain-torch AdamW step on the whole batch (no DeepSpeed)."""
     model = _load(model_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    ids, attn, mask, roll, adv = pad_batch(
-        batch["input_ids"], 0, batch["response_mask"], batch["rollout_logprobs"], batch["advantages"]
-    )
-    mask = mask.bool()
+    ids, attn, mask, roll, adv = _padded(batch)
     lp = token_logprobs(model, ids, attn)
     w = truncated_is_weights(lp.detach(), roll, CAP)
     loss, _ = ppo_clip_loss(lp, lp.detach(), adv, mask, is_weights=w, n_tokens_global=mask.sum())
-    loss.backward()  # KL to the (identical) reference has zero gradient on the first step
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
+    _adamw_step(model, opt, loss)  # KL to the (identical) reference has zero gradient on the first step
     with torch.no_grad():
         return token_logprobs(model, ids, attn)
 
@@ -147,8 +163,7 @@ def test_train_step_matches_plain_torch(learner, batch, reference_after_step):
 
     deltas = [a - b for a, b in zip(_summed(after, batch["response_mask"]), _summed(before, batch["response_mask"]))]
     assert all(d > 0 if a > 0 else d < 0 for d, a in zip(deltas, ADV)), deltas
-    for i, lp in enumerate(after):
-        torch.testing.assert_close(torch.tensor(lp), reference_after_step[i, : len(lp)], atol=2e-4, rtol=0)
+    _assert_logprobs_equal(after, reference_after_step)
 
 
 def test_tempered_learner_scores_the_sampling_distribution(model_dir, batch):
@@ -240,24 +255,16 @@ def test_mini_batches_match_sequential_plain_torch_steps(model_dir, batch):
 
     model = _load(model_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    ids, attn, mask, roll, adv = pad_batch(
-        batch["input_ids"], 0, batch["response_mask"], batch["rollout_logprobs"], batch["advantages"]
-    )
-    mask = mask.bool()
+    ids, attn, mask, roll, adv = _padded(batch)
     with torch.no_grad():
         old = token_logprobs(model, ids, attn)
     for part in parts:
-        opt.zero_grad()
         lp = token_logprobs(model, ids[part], attn[part])
         w = truncated_is_weights(old[part], roll[part], CAP)
         loss, _ = ppo_clip_loss(lp, old[part], adv[part], mask[part], is_weights=w, n_tokens_global=mask[part].sum())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        _adamw_step(model, opt, loss)
     with torch.no_grad():
-        expect = token_logprobs(model, ids, attn)
-    for i, lp in enumerate(after):
-        torch.testing.assert_close(torch.tensor(lp), expect[i, : len(lp)], atol=2e-4, rtol=0)
+        _assert_logprobs_equal(after, token_logprobs(model, ids, attn))
 
 
 def test_seq_mean_loss_matches_plain_torch(model_dir, batch):
@@ -275,21 +282,14 @@ def test_seq_mean_loss_matches_plain_torch(model_dir, batch):
         learner.close()
     model = _load(model_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    ids, attn, mask, roll, adv = pad_batch(
-        batch["input_ids"], 0, batch["response_mask"], batch["rollout_logprobs"], batch["advantages"]
-    )
-    mask = mask.bool()
+    ids, attn, mask, roll, adv = _padded(batch)
     lp = token_logprobs(model, ids, attn)
     w = truncated_is_weights(lp.detach(), roll, CAP)
     per_seq = [ppo_clip_loss(lp[i:i + 1], lp[i:i + 1].detach(), adv[i:i + 1], mask[i:i + 1], is_weights=w[i:i + 1])[0]
                for i in range(len(ids))]
-    (sum(per_seq) / len(per_seq)).backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
+    _adamw_step(model, opt, sum(per_seq) / len(per_seq))
     with torch.no_grad():
-        expect = token_logprobs(model, ids, attn)
-    for i, lp_i in enumerate(after):
-        torch.testing.assert_close(torch.tensor(lp_i), expect[i, : len(lp_i)], atol=2e-4, rtol=0)
+        _assert_logprobs_equal(after, token_logprobs(model, ids, attn))
 
 
 def test_ppo_critic_learns_values_and_drives_the_policy(model_dir, batch):

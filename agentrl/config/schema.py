@@ -215,9 +215,9 @@ class AlgoConfig(Section):
     # as RODS uses) or "outcome" (1 only when every turn passes). SLCA uses rewards.* instead.
     reward: Literal["progress", "outcome"] = "progress"
     # Advantage estimator: grpo, dr_grpo, rloo, raft (1 on the group's best episodes, 0 else),
-    # gigpo (episode + step groups), turn_grpo (each
-    # user turn's own pass/fail, among episodes that passed every earlier turn; algos/turn_grpo.py),
-    # ppo (needs algo.critic), slca (segment-locked; needs rewards.summary).
+    # gigpo (episode + step groups), turn_grpo (each user turn's own pass/fail, among episodes
+    # that passed every earlier turn), ppo (needs algo.critic), slca (segment-locked; needs
+    # rewards.summary).
     advantage: NonEmptyStr = "grpo"
     # Added to the group std before dividing (DESIGN §4).
     eps: PosFloat = 1e-6

@@ -234,10 +234,12 @@ class DeepSpeedLearner:
             for idx in self._micro_batches(len(ids_l), lengths, subset):
                 t = pad_batch([ids_l[i] for i in idx], self.pad_id, *[[x[i] for i in idx] for x in extra], device=self.device)
                 roll = t[4] if roll_l is not None else None
-                minis[-1].append({"ids": t[0], "attn": t[1], "mask": (t[2] > 0) & (t[1] > 0), "adv": t[3], "roll": roll})
+                mask = (t[2] > 0) & (t[1] > 0)
+                minis[-1].append({"ids": t[0], "attn": t[1], "mask": mask, "adv": t[3], "roll": roll,
+                                  "n_tok": int(mask.sum()), "n_seq": int((mask.sum(dim=1) > 0).sum())})
         micro = [m for mini in minis for m in mini]
-        n_tok = int(sum(int(m["mask"].sum()) for m in micro))
-        n_seqs = int(sum(int((m["mask"].sum(dim=1) > 0).sum()) for m in micro))
+        n_tok = sum(m["n_tok"] for m in micro)
+        n_seqs = sum(m["n_seq"] for m in micro)
         self.version += 1
         lr = float(self.engine.get_lr()[0])
         if n_tok == 0:  # nothing to learn from: skip the optimizer step (AdamW would still decay)
@@ -248,6 +250,13 @@ class DeepSpeedLearner:
         # After the first optimizer step the policy has moved: later updates need the logprobs of
         # the policy as it was before this step (PPO's pi_old), computed up front.
         precompute_old = lcfg.ppo_epochs > 1 or len(minis) > 1
+        # per mini-batch: (policy tokens, sequences with policy tokens), fixed across epochs;
+        # loss_agg as per-token weights (1 = token mean), positive, so scaling the advantages
+        # weights the clipped PPO term exactly
+        sizes = [(sum(m["n_tok"] for m in mini), sum(m["n_seq"] for m in mini)) for mini in minis]
+        for mini, (n_mini, seqs_mini) in zip(minis, sizes):
+            for m in mini:
+                m["agg"] = 1.0 if acfg.loss_agg == "token_mean" else sequence_mean_weights(m["mask"], seqs_mini, n_mini)
         with torch.no_grad():
             for m in micro:
                 if use_kl:
@@ -260,11 +269,9 @@ class DeepSpeedLearner:
         first: dict[str, float] = {k: 0.0 for k in ("is_weight_mean", "logprob_mismatch", "entropy")}
         grad_norms = []
         for epoch in range(lcfg.ppo_epochs):
-            for mini in minis:
-                n_mini = int(sum(int(m["mask"].sum()) for m in mini))
+            for mini, (n_mini, seqs_mini) in zip(minis, sizes):
                 if n_mini == 0:
                     continue
-                seqs_mini = int(sum(int((m["mask"].sum(dim=1) > 0).sum()) for m in mini))
                 # this mini-batch's weight in the batch-level loss metrics: its share of what the
                 # loss averages over (tokens, or episodes under seq_mean_token_mean)
                 share = n_mini / n_tok if acfg.loss_agg == "token_mean" else seqs_mini / n_seqs
@@ -272,10 +279,7 @@ class DeepSpeedLearner:
                     self.engine.set_gradient_accumulation_boundary(k == len(mini) - 1)
                     lp, ent = self.engine(m["ids"], m["attn"])
                     old = m["old"] if precompute_old else lp.detach()
-                    mask, n_mb = m["mask"], float(m["mask"].sum())
-                    # loss_agg: per-token weights (1 = token mean); positive, so scaling the
-                    # advantages weights the clipped PPO term exactly
-                    agg = 1.0 if acfg.loss_agg == "token_mean" else sequence_mean_weights(mask, seqs_mini, n_mini)
+                    mask, n_mb, agg = m["mask"], float(m["n_tok"]), m["agg"]
                     is_w = truncated_is_weights(old, m["roll"], acfg.tis_cap) if m["roll"] is not None else None
                     pg, st = ppo_clip_loss(
                         lp, old, m["adv"] * agg, mask, clip_low=acfg.clip_low, clip_high=acfg.clip_high,

@@ -188,18 +188,17 @@ class Trainer:
         """One training step. ``last``: no rollouts are started for a next step (async mode)."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        if not self._pending:  # nothing in flight: start from the newest weights
+        if not self._pending:  # nothing in flight: roll out on the newest weights
             self.settle()
-        pending, self._pending = self._pending or self._launch_rollouts(step), []
+            self._pending = self._launch_rollouts(step)
+        pending, self._pending = self._pending, []
         summaries, entries = [], []
         for sums, refs in ray.get(pending):
             summaries += sums
             entries += [([ref], s["version"]) for ref, s in zip(refs, sums)]
         t_wait = time.perf_counter() - t0
         t2 = time.perf_counter()
-        if self._sync_due:  # async: the update of the previous step, held back while its rollouts ran
-            self.sync.sync(self.version)
-            self._sync_due = False
+        self.settle()  # async: the previous update, held back while these rollouts ran
         t_sync = time.perf_counter() - t2
         ray.get(self.buffer.add.remote(entries))
         observed = None
@@ -217,11 +216,10 @@ class Trainer:
         self.version += 1 if boxes else 0
         t_learn = time.perf_counter() - t1
 
-        if boxes and cfg.train.async_rollouts:
-            self._sync_due = True
-        elif boxes:
+        self._sync_due = bool(boxes)
+        if not cfg.train.async_rollouts:  # async: held back until the next rollouts are in
             t2 = time.perf_counter()
-            self.sync.sync(self.version)
+            self.settle()
             t_sync = time.perf_counter() - t2
         t_gen = max((s["wall_seconds"] for s in summaries), default=0.0)
 

@@ -58,7 +58,7 @@ def group_summary(group: dict) -> dict:
         "redundant_calls": sum(redundant_calls(e.calls) for e in eps),
         "gen_seconds": sum(e.gen_seconds for e in eps),
         "env_seconds": sum(e.env_seconds for e in eps),
-        "wall_seconds": group.get("wall_seconds", 0.0),
+        "wall_seconds": group["wall_seconds"],
     }
 
 
