@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from agentrl.runtime.env import set_default_env
 
@@ -46,6 +47,9 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+RECIPE_OPTIONS = ("sft_steps", "habit_suite", "habit_steps", "habit_lr", "guess_missing", "skip_lookup", "swap_transfer")
+
+
 def _make_model(args: argparse.Namespace) -> int:
     from agentrl.config import ConfigError, load_config
 
@@ -57,9 +61,20 @@ def _make_model(args: argparse.Namespace) -> int:
             return _fail(err)
     elif args.overrides or args.config:
         return _fail("--out and a config/overrides both set the output folder; give one")
-    from agentrl.engines.tiny_model import make_model
+    from agentrl.engines.tiny_model import TinyModelRecipe, make_model
 
-    result = make_model(out, args.seed, args.force)
+    recipe = TinyModelRecipe(seed=args.seed, **{k: v for k, v in vars(args).items() if k in RECIPE_OPTIONS and v is not None})
+    if recipe.habit_suite not in ("all", "bank"):
+        return _fail(f"--habit-suite: unknown suite {recipe.habit_suite!r} (all, bank)")
+    for key in ("guess_missing", "skip_lookup", "swap_transfer"):
+        if not 0.0 <= getattr(recipe, key) <= 1.0:
+            return _fail(f"--{key.replace('_', '-')}: a rate in [0, 1], got {getattr(recipe, key)}")
+    if args.base is not None and not (Path(args.base) / "config.json").exists():
+        return _fail(f"--base: no model at {args.base}")
+    try:
+        result = make_model(out, args.seed, args.force, recipe=recipe, base=args.base)
+    except ValueError as err:
+        return _fail(err)
     print(f"model: {result if result is not None else out}")
     return 0
 
@@ -118,6 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="CONFIG", help="take model.path from this config")
     p.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
     p.add_argument("--force", action="store_true", help="rebuild even if the folder has a model")
+    p.add_argument("--sft-steps", type=int, help="stage 1: gold SFT steps on the full builtin suite (default 2500)")
+    p.add_argument("--habit-suite", help="stage 2: suite of the imperfect teacher's demonstrations (default bank)")
+    p.add_argument("--habit-steps", type=int, help="stage 2: SFT steps on them; 0 skips stage 2 (default 400)")
+    p.add_argument("--habit-lr", type=float, help="stage 2: peak learning rate (default 5e-4)")
+    p.add_argument("--guess-missing", type=float,
+                   help="share of miss_param demonstrations that guess the missing value instead of asking (default 0.85)")
+    p.add_argument("--skip-lookup", type=float,
+                   help="share of look-up-then-spend plans demonstrated without the balance lookup, on a guessed "
+                        "amount (default 0.85)")
+    p.add_argument("--swap-transfer", type=float,
+                   help="share of transfer calls demonstrated with payer and payee swapped (default 0)")
+    p.add_argument("--base", metavar="DIR",
+                   help="start stage 2 from this stage-1 model (built with the same stage-1 recipe) instead of building it")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     p.set_defaults(func=_make_model)
 

@@ -112,16 +112,32 @@ def test_train_interrupted_exits_130(fake_module, capsys):
 
 
 def test_make_model_wiring(fake_module, tmp_path, capsys):
+    from agentrl.engines.tiny_model import TinyModelRecipe  # the real recipe; only the build is faked
+
     calls = []
-    fake_module("agentrl.engines.tiny_model",
-                make_model=lambda out_dir, seed, force: calls.append((out_dir, seed, force)))
+    fake_module("agentrl.engines.tiny_model", TinyModelRecipe=TinyModelRecipe,
+                make_model=lambda out_dir, seed, force, recipe, base: calls.append((out_dir, seed, force, recipe, base)))
     assert main(["make-model", "--out", str(tmp_path / "m"), "--seed", "7", "--force"]) == 0
     assert main(["make-model", "model.path=elsewhere/model"]) == 0
     assert main(["make-model"]) == 0
-    assert calls == [(str(tmp_path / "m"), 7, True), ("elsewhere/model", 0, False),
-                     (".cache/models/tiny-agent", 0, False)]
+    assert [c[:3] for c in calls] == [(str(tmp_path / "m"), 7, True), ("elsewhere/model", 0, False),
+                                      (".cache/models/tiny-agent", 0, False)]
+    assert calls[0][3] == TinyModelRecipe(seed=7) and calls[2][3] == TinyModelRecipe() and calls[2][4] is None
     assert main(["make-model", "model.nope=1"]) == 2
     assert "model.nope" in capsys.readouterr().err
+
+    # the recipe's options: stage 2 from a saved stage-1 folder, habit rates, located errors
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    assert main(["make-model", "--guess-missing", "0.5", "--skip-lookup", "0", "--habit-steps", "10", "--base", str(base)]) == 0
+    assert calls[-1][3] == TinyModelRecipe(guess_missing=0.5, skip_lookup=0.0, habit_steps=10) and calls[-1][4] == str(base)
+    assert main(["make-model", "--guess-missing", "1.5"]) == 2
+    assert "--guess-missing" in capsys.readouterr().err
+    assert main(["make-model", "--habit-suite", "nope"]) == 2
+    assert "--habit-suite" in capsys.readouterr().err
+    assert main(["make-model", "--base", str(tmp_path / "missing")]) == 2
+    assert "--base: no model" in capsys.readouterr().err
 
 
 def test_tasks_export_wiring(fake_module, tmp_path, capsys):

@@ -19,6 +19,7 @@ result is cached in ``out_dir`` with a stamp of its recipe and reused.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import random
@@ -31,7 +32,8 @@ from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.chat_template import CHAT_TEMPLATE
 from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy, gold_messages
-from agentrl.envs.builtin.generator import builtin_split, generate_tasks
+from agentrl.agent.teacher import Habits, demonstration
+from agentrl.envs.builtin.generator import SPLITS, builtin_split, generate_tasks, text_key
 from agentrl.envs.session import LocalEnvSession
 from agentrl.tasks.schema import Task
 
@@ -39,6 +41,11 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 STAMP = "agentrl_model.json"
 # `agentrl make-model --force --seed 0` output, shipped so the quickstart need not rebuild it.
 SHIPPED = Path(__file__).resolve().parents[1] / "assets" / "tiny-agent"
+
+
+STAGE1_FIELDS = ("seed", "vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions",
+                 "sft_tasks", "sft_steps", "sft_batch", "sft_lr", "sft_warmup", "sft_decay_fraction", "sft_min_lr_ratio",
+                 "version")
 
 
 def _recipe_of(model_dir: Path) -> dict | None:
@@ -66,7 +73,20 @@ class TinyModelRecipe:
     sft_warmup: int = 30
     sft_decay_fraction: float = 0.25
     sft_min_lr_ratio: float = 0.1
-    version: int = 1  # bump when the recipe's meaning changes, to invalidate caches
+    version: int = 1  # bump when stage 1's meaning changes, to invalidate caches
+    # Stage 2: continued SFT on an imperfect teacher's demonstrations of one task suite
+    # (agent/teacher.py), so that the warm start has habits that RL can remove. 0 steps = skip.
+    habit_suite: str = "bank"
+    habit_tasks: int = 4000
+    habit_steps: int = 400
+    habit_lr: float = 5e-4
+    habit_warmup: int = 20
+    guess_missing: float = 0.85  # share of miss_param demos that guess the value instead of asking
+    skip_lookup: float = 0.85  # share of look-up-then-spend plans that skip the lookup and guess
+    swap_transfer: float = 0.0  # share of transfer calls with payer and payee swapped
+
+    def stage1(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k in STAGE1_FIELDS}
 
 
 def _bare_tokenizer():
@@ -109,44 +129,59 @@ def conversation_text(task: Task, renderer) -> str:
     return renderer.apply_chat_template(gold_messages(task), tools=[t.model_dump() for t in task.visible_tools(0)], tokenize=False)
 
 
-def sft_sequences(tasks: list[Task], formatter: ChatFormatter, max_tokens: int) -> list[tuple[list[int], list[int]]]:
-    """Gold episodes through the real episode loop: (token ids, response mask) per task."""
+def sft_sequences(tasks: list[Task], formatter: ChatFormatter, max_tokens: int, habits: Habits | None = None,
+                  seed: int = 0, log=print) -> list[tuple[list[int], list[int]]]:
+    """Teacher episodes through the real episode loop: (token ids, response mask) per task.
+
+    With no ``habits`` the teacher is gold and only episodes that pass every turn are kept; with
+    habits, the teacher plays ``teacher.demonstration`` (the environment and checker still see
+    the real task) and every episode that ends normally is kept."""
     limits = EpisodeLimits(max_new_tokens=10_000, max_assistant_messages_per_turn=16, max_episode_tokens=max_tokens)
+    rng = random.Random(seed)
+    fired: dict[str, int] = {}
 
     async def build():
         out = []
         for task in tasks:
-            ep = await run_episode(task, GoldPolicy(task, formatter), LocalEnvSession(task), formatter, limits)
-            if ep.termination == "done" and all(ep.turn_passed):
+            played = task
+            if habits is not None:
+                played, counts = demonstration(task, habits, rng)
+                for k, v in counts.items():
+                    fired[k] = fired.get(k, 0) + v
+            ep = await run_episode(task, GoldPolicy(played, formatter), LocalEnvSession(task), formatter, limits)
+            if ep.termination == "done" and (habits is not None or all(ep.turn_passed)):
                 out.append((ep.token_ids, ep.response_mask))
         return out
 
-    return asyncio.run(build())
+    sequences = asyncio.run(build())
+    if habits is not None:
+        log(f"tiny model: imperfect teacher: habits fired {fired} in {len(tasks)} demonstrations")
+    return sequences
 
 
-def _lr_at(step: int, recipe: TinyModelRecipe) -> float:
-    if step < recipe.sft_warmup:
-        return recipe.sft_lr * (step + 1) / recipe.sft_warmup
-    decay_start = int(recipe.sft_steps * (1 - recipe.sft_decay_fraction))
+def _lr_at(step: int, steps: int, peak: float, warmup: int, decay_fraction: float, floor: float) -> float:
+    """Warmup-stable-decay: linear warm-up, peak held, cosine decay over the last ``decay_fraction``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    decay_start = int(steps * (1 - decay_fraction))
     if step < decay_start:
-        return recipe.sft_lr
-    progress = (step - decay_start) / max(1, recipe.sft_steps - decay_start)
-    floor = recipe.sft_min_lr_ratio
-    return recipe.sft_lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+        return peak
+    progress = (step - decay_start) / max(1, steps - decay_start)
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def sft(model, sequences, recipe: TinyModelRecipe, pad_id: int, log=print) -> list[float]:
+def sft(model, sequences, steps: int, lr_at, batch_size: int, seed: int, pad_id: int, log=print) -> list[float]:
     """Masked next-token SFT; batches drawn by similar length to keep padding (and time) low."""
     import torch
 
-    rng = random.Random(recipe.seed)
+    rng = random.Random(seed)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
-    buckets = [order[i : i + recipe.sft_batch] for i in range(0, len(order), recipe.sft_batch)]
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
+    buckets = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr_at(0), weight_decay=0.0)
     model.train()
     losses = []
     t0 = time.time()
-    for step in range(recipe.sft_steps):
+    for step in range(steps):
         batch = [sequences[i] for i in rng.choice(buckets)]
         width = max(len(ids) for ids, _ in batch)
         ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
@@ -157,40 +192,31 @@ def sft(model, sequences, recipe: TinyModelRecipe, pad_id: int, log=print) -> li
             attn[r, : len(seq)] = 1
             labels[r, : len(seq)] = torch.where(torch.tensor(mask) == 1, torch.tensor(seq), -100)
         for g in opt.param_groups:
-            g["lr"] = _lr_at(step, recipe)
+            g["lr"] = lr_at(step)
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
-        if step % 20 == 0 or step == recipe.sft_steps - 1:
-            log(f"  sft step {step + 1}/{recipe.sft_steps}  loss {loss.item():.4f}  ({time.time() - t0:.0f}s)")
+        if step % 20 == 0 or step == steps - 1:
+            log(f"  sft step {step + 1}/{steps}  loss {loss.item():.4f}  ({time.time() - t0:.0f}s)")
     model.eval()
     return losses
 
 
-def make_model(out_dir: str | Path, seed: int = 0, force: bool = False, recipe: TinyModelRecipe | None = None, log=print) -> Path:
-    """Build (or reuse) the tiny agent model in ``out_dir``; returns the folder."""
+def _heldout_keys() -> set[tuple[str, ...]]:
+    """Every held-out task as its tuple of user turns. Stage 2 excludes whole held-out tasks, not
+    single turns: short generic turns ("The amount is 50.") recur across tasks, and dropping every
+    task that shares one would drop most miss_param demonstrations."""
+    return {text_key(task) for split in SPLITS if split.endswith("heldout") for task in builtin_split(split)}
+
+
+def _stage1(recipe: TinyModelRecipe, log):
+    """Tokenizer, model and gold SFT on the full builtin suite (the copy skill)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    recipe = recipe or TinyModelRecipe(seed=seed)
-    out = Path(out_dir)
-    stamp = out / STAMP
-    if not force and _recipe_of(out) == asdict(recipe):
-        log(f"tiny model: reusing {out} (recipe unchanged; --force rebuilds)")
-        return out
-    if not force and _recipe_of(SHIPPED) == asdict(recipe):
-        # The default recipe's output ships with the package: building it takes ~1 h of SFT on
-        # 2 cores, which would not fit a first `make demo` in its 20-minute budget.
-        shutil.copytree(SHIPPED, out, dirs_exist_ok=True)
-        built = json.loads((SHIPPED / STAMP).read_text())
-        log(f"tiny model: copied the checkpoint shipped in {SHIPPED} to {out}; it is this recipe's output "
-            f"(built by `agentrl make-model --force` in {built.get('seconds', 0) / 60:.0f} min); --force rebuilds it here")
-        return out
-
-    t0 = time.time()
     torch.manual_seed(recipe.seed)
     random.seed(recipe.seed)
     train = builtin_split("train")
@@ -198,7 +224,7 @@ def make_model(out_dir: str | Path, seed: int = 0, force: bool = False, recipe: 
     heldout_text = {t.user for task in builtin_split("heldout") for t in task.turns}
     extra = [t for t in extra if not any(turn.user in heldout_text for turn in t.turns)]
     tasks = train + extra
-    log(f"tiny model: {len(tasks)} gold conversations ({len(train)} train seeds + {len(extra)} generated)")
+    log(f"tiny model: stage 1: {len(tasks)} gold conversations ({len(train)} train seeds + {len(extra)} generated)")
 
     bare = _bare_tokenizer()
     corpus = [conversation_text(t, bare) for t in tasks]
@@ -223,11 +249,86 @@ def make_model(out_dir: str | Path, seed: int = 0, force: bool = False, recipe: 
     )
     model = Qwen2ForCausalLM(config)
     log(f"tiny model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; SFT {recipe.sft_steps} steps")
-    losses = sft(model, sequences, recipe, tokenizer.pad_token_id, log=log)
+    lr = functools.partial(_lr_at, steps=recipe.sft_steps, peak=recipe.sft_lr, warmup=recipe.sft_warmup,
+                           decay_fraction=recipe.sft_decay_fraction, floor=recipe.sft_min_lr_ratio)
+    losses = sft(model, sequences, recipe.sft_steps, lr, recipe.sft_batch, recipe.seed, tokenizer.pad_token_id, log=log)
+    return model, tokenizer, losses[-1]
+
+
+def _as_loaded(tokenizer, model):
+    """The tokenizer as every later user loads it (``AutoTokenizer``: the rollout workers, vLLM,
+    the learner). For this model type transformers loads it as a Qwen2 tokenizer, whose
+    pre-tokenizer differs slightly from the one stage 1 trained with; stage 2 tokenizes exactly as
+    the runtime does, and a stage 2 from a saved stage-1 folder equals a stage 2 in one go."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        model.config.save_pretrained(tmp)  # the model type decides which tokenizer class loads
+        return AutoTokenizer.from_pretrained(tmp)
+
+
+def _stage2(model, tokenizer, recipe: TinyModelRecipe, log) -> float:
+    """Continued SFT on the imperfect teacher's demonstrations of ``recipe.habit_suite``."""
+    import torch
+
+    torch.manual_seed(recipe.seed + 1)
+    tasks = generate_tasks(recipe.habit_tasks, seed=20_000 + recipe.seed, id_prefix="habit", suite=recipe.habit_suite,
+                           exclude=_heldout_keys())
+    habits = Habits(guess_missing=recipe.guess_missing, skip_lookup=recipe.skip_lookup, swap_transfer=recipe.swap_transfer)
+    log(f"tiny model: stage 2: {len(tasks)} {recipe.habit_suite}-suite demonstrations by an imperfect teacher ({habits})")
+    sequences = sft_sequences(tasks, ChatFormatter(tokenizer), recipe.max_positions, habits=habits, seed=recipe.seed, log=log)
+    lr = functools.partial(_lr_at, steps=recipe.habit_steps, peak=recipe.habit_lr, warmup=recipe.habit_warmup,
+                           decay_fraction=0.25, floor=0.1)
+    losses = sft(model, sequences, recipe.habit_steps, lr, recipe.sft_batch, recipe.seed + 1, tokenizer.pad_token_id, log=log)
+    return losses[-1]
+
+
+def make_model(out_dir: str | Path, seed: int = 0, force: bool = False, recipe: TinyModelRecipe | None = None, log=print,
+               base: str | Path | None = None) -> Path:
+    """Build (or reuse) the tiny agent model in ``out_dir``; returns the folder.
+
+    ``base``: a folder holding a model built by this recipe's stage 1 (its stamp says so); stage
+    2 then continues from it instead of rebuilding stage 1 (~1 h on 2 cores)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    recipe = recipe or TinyModelRecipe(seed=seed)
+    out = Path(out_dir)
+    stamp = out / STAMP
+    if not force and _recipe_of(out) == asdict(recipe):
+        log(f"tiny model: reusing {out} (recipe unchanged; --force rebuilds)")
+        return out
+    if not force and base is None and _recipe_of(SHIPPED) == asdict(recipe):
+        # The default recipe's output ships with the package: building it takes over 1 h of SFT
+        # on 2 cores, which would not fit a first `make demo` in its 20-minute budget.
+        shutil.copytree(SHIPPED, out, dirs_exist_ok=True)
+        built = json.loads((SHIPPED / STAMP).read_text())
+        log(f"tiny model: copied the checkpoint shipped in {SHIPPED} to {out}; it is this recipe's output "
+            f"(built by `agentrl make-model --force` in {built.get('seconds', 0) / 60:.0f} min); --force rebuilds it here")
+        return out
+
+    t0 = time.time()
+    stamp_data: dict = {}
+    if base is not None:
+        base_recipe = _recipe_of(Path(base)) or {}
+        if {k: base_recipe.get(k) for k in STAGE1_FIELDS} != recipe.stage1():
+            raise ValueError(f"--base {base}: its stamp ({STAMP}) does not record this recipe's stage 1 {recipe.stage1()}")
+        model = AutoModelForCausalLM.from_pretrained(base)
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        stamp_data["stage1_seconds"] = json.loads((Path(base) / STAMP).read_text()).get("seconds", 0)
+        log(f"tiny model: stage 1 from {base}")
+    else:
+        model, tokenizer, stamp_data["stage1_sft_loss"] = _stage1(recipe, log)
+        stamp_data["stage1_seconds"] = round(time.time() - t0, 1)
+        tokenizer = _as_loaded(tokenizer, model)
+    final_loss = _stage2(model, tokenizer, recipe, log) if recipe.habit_steps > 0 else stamp_data.get("stage1_sft_loss")
 
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    stamp.write_text(json.dumps({"recipe": asdict(recipe), "final_sft_loss": losses[-1], "seconds": round(time.time() - t0, 1)}, indent=2))
-    log(f"tiny model: saved to {out} in {time.time() - t0:.0f}s (final SFT loss {losses[-1]:.4f})")
+    seconds = round(time.time() - t0 + (stamp_data["stage1_seconds"] if base is not None else 0), 1)
+    stamp.write_text(json.dumps({"recipe": asdict(recipe), "final_sft_loss": final_loss, "seconds": seconds, **stamp_data}, indent=2))
+    log(f"tiny model: saved to {out} in {time.time() - t0:.0f}s (final SFT loss {final_loss})")
     return out

@@ -38,7 +38,27 @@ CATEGORIES = (("base", 0.70), ("miss_param", 0.15), ("miss_func", 0.15))
 DOMAIN_LABEL = {"Bank": "bank", "Calendar": "calendar", "FileStore": "files"}
 MAX_DEPTH = 3
 TRAIN_SEED, HELDOUT_SEED = 0, 1
-SPLIT_SIZES = {"train": 400, "heldout": 200}
+
+
+@dataclass(frozen=True)
+class Suite:
+    """Which domains and categories a stream of tasks draws from. ``all`` is the full builtin suite;
+    ``bank`` is the quickstart's: one domain whose values are digits (the tiny model copies digits
+    far more reliably than words), with more miss_param turns, so that what the warm start gets
+    wrong is a decision (ask or guess? look the balance up or assume it?) rather than a copy error."""
+
+    name: str
+    domains: tuple[str, ...]
+    categories: tuple[tuple[str, float], ...]
+
+
+SUITES = {
+    "all": Suite("all", tuple(sorted(DOMAIN_LABEL)), CATEGORIES),
+    "bank": Suite("bank", ("Bank",), (("base", 0.45), ("miss_param", 0.45), ("miss_func", 0.10))),
+}
+# Split name -> (suite, size). Held-out splits exclude every task whose user turns equal a train task's.
+SPLITS = {"train": ("all", 400), "heldout": ("all", 200), "bank-train": ("bank", 400), "bank-heldout": ("bank", 200)}
+SPLIT_SIZES = {name: size for name, (_, size) in SPLITS.items()}
 
 
 # -- turns --------------------------------------------------------------------------------------
@@ -150,10 +170,13 @@ class Shape:
     calls_per_turn: tuple[int, ...]
 
 
-def _draw(rng: random.Random, shape: Shape | None = None) -> Task:
+def _draw(rng: random.Random, shape: Shape | None = None, suite: Suite = SUITES["all"]) -> Task:
     if shape is None:
-        category = rng.choices([c for c, _ in CATEGORIES], [w for _, w in CATEGORIES])[0]
-        domains = sorted(rng.sample(sorted(DOMAIN_LABEL), rng.choices((1, 2), (0.7, 0.3))[0]))
+        category = rng.choices([c for c, _ in suite.categories], [w for _, w in suite.categories])[0]
+        if len(suite.domains) == 1:
+            domains = list(suite.domains)
+        else:
+            domains = sorted(rng.sample(sorted(suite.domains), rng.choices((1, 2), (0.7, 0.3))[0]))
         n_turns = rng.choice((1, 2, 2, 3, 3, 4) if category == "base" else (2, 3, 3, 4))
         miss_at = rng.randrange(n_turns - 1) if category != "base" else -1
     else:
@@ -197,43 +220,46 @@ def draw_shaped(rng: random.Random, shape: Shape) -> Task:
     return _draw(rng, shape)
 
 
-def _text_key(task: Task) -> tuple[str, ...]:
+def text_key(task: Task) -> tuple[str, ...]:
     return tuple(t.user for t in task.turns)
 
 
-def _stream(seed: int) -> Iterator[Task]:
-    """Endless deterministic stream of distinct tasks; task i depends only on (seed, i)."""
+def _stream(seed: int, suite: str = "all") -> Iterator[Task]:
+    """Endless deterministic stream of distinct tasks; task i depends only on (suite, seed, i)."""
     seen: set[tuple[str, ...]] = set()
+    prefix = "agentrl-builtin" if suite == "all" else f"agentrl-builtin-{suite}"
     i = 0
     while True:
-        rng = random.Random(f"agentrl-builtin:{seed}:{i}")
+        rng = random.Random(f"{prefix}:{seed}:{i}")
         i += 1
         for _ in range(100):
             try:
-                task = _draw(rng)
+                task = _draw(rng, suite=SUITES[suite])
                 break
             except Reject:
                 continue
         else:
             raise RuntimeError(f"generator could not draw task {i - 1} of seed {seed}")
-        key = _text_key(task)
+        key = text_key(task)
         if key not in seen:
             seen.add(key)
             yield task
 
 
 def generate_tasks(
-    n: int, seed: int = 0, id_prefix: str = "builtin", exclude: set[tuple[str, ...]] | None = None
+    n: int, seed: int = 0, id_prefix: str = "builtin", exclude: set[tuple[str, ...]] | None = None, suite: str = "all"
 ) -> list[Task]:
-    """``n`` distinct builtin tasks, ids ``{id_prefix}-00000``...; same arguments, same tasks.
-
-    ``exclude`` holds text keys (the tuple of a task's user turns) that must not be produced.
+    """``n`` distinct builtin tasks of ``suite`` (see ``SUITES``), ids ``{id_prefix}-00000``...;
+    same arguments, same tasks. ``exclude`` holds text keys (the tuple of a task's user turns)
+    that must not be produced.
     """
+    if suite not in SUITES:
+        raise ValueError(f"unknown builtin suite {suite!r}; expected one of {sorted(SUITES)}")
     out: list[Task] = []
     if n <= 0:
         return out
-    for task in _stream(seed):
-        if exclude and _text_key(task) in exclude:
+    for task in _stream(seed, suite):
+        if exclude and text_key(task) in exclude:
             continue
         out.append(task.model_copy(update={"id": f"{id_prefix}-{len(out):05d}"}))
         if len(out) == n:
@@ -243,15 +269,17 @@ def generate_tasks(
 
 @functools.lru_cache(maxsize=None)
 def _split(name: str) -> tuple[Task, ...]:
-    if name == "train":
-        return tuple(generate_tasks(SPLIT_SIZES["train"], TRAIN_SEED, "builtin-train"))
-    train_keys = {_text_key(t) for t in _split("train")}
-    return tuple(generate_tasks(SPLIT_SIZES["heldout"], HELDOUT_SEED, "builtin-heldout", exclude=train_keys))
+    suite, size = SPLITS[name]
+    if not name.endswith("heldout"):
+        return tuple(generate_tasks(size, TRAIN_SEED, f"builtin-{name}", suite=suite))
+    train_keys = {text_key(t) for t in _split(name.replace("heldout", "train"))}
+    return tuple(generate_tasks(size, HELDOUT_SEED, f"builtin-{name}", exclude=train_keys, suite=suite))
 
 
 def builtin_split(name: str) -> list[Task]:
-    """The fixed builtin splits: ``train`` (400 tasks) and ``heldout`` (200, no user-text overlap
-    with train). Returns fresh copies, so callers may mutate them."""
+    """The fixed builtin splits (``SPLITS``): ``train`` (400 tasks) and ``heldout`` (200, no
+    user-text overlap with train) of the full suite, and ``bank-train`` / ``bank-heldout`` of the
+    quickstart's bank suite. Returns fresh copies, so callers may mutate them."""
     if name not in SPLIT_SIZES:
         raise ValueError(f"unknown builtin split {name!r}; expected one of {sorted(SPLIT_SIZES)}")
     return [t.model_copy(deep=True) for t in _split(name)]

@@ -386,3 +386,16 @@ class PlanBuilder:
             if op is not None:
                 return op
         return None
+
+
+def spends_looked_up_balance(lookup: list[ToolCall], step: list[ToolCall]) -> int | None:
+    """Index in ``step`` of the call that spends the balance that ``lookup`` (the previous step, a
+    lone ``get_balance``) read: the plans of "withdraw / move all the money from ..."; else None."""
+    if len(lookup) != 1 or lookup[0].name != "get_balance":
+        return None
+    account = lookup[0].arguments["account_id"]
+    for i, call in enumerate(step):
+        if (call.name == "transfer" and call.arguments["from_id"] == account) or (
+                call.name == "withdraw" and call.arguments["account_id"] == account):
+            return i
+    return None
