@@ -67,8 +67,11 @@ class TasksConfig(Section):
     heldout: NonEmptyStr = "builtin:heldout"
     # Evaluate on the first N held-out tasks; null = all of them.
     heldout_size: PosInt | None = None
-    # Draw freshly generated builtin tasks every step instead of cycling the train set.
+    # Draw freshly generated builtin tasks every step instead of cycling the train set (a task
+    # equal to a held-out task, all user turns alike, is never drawn).
     fresh_train: Bool = False
+    # Which builtin suite fresh tasks come from: "all" (every domain) or "bank" (the quickstart's).
+    fresh_suite: Literal["all", "bank"] = "all"
 
 
 class EngineConfig(Section):
@@ -244,6 +247,10 @@ class AlgoConfig(Section):
     # failures are the long ones (retry loops), the tokens every episode shares (call syntax) get
     # a net negative push.
     loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    # Control arm: permute the step's episode rewards across its episodes before any advantage is
+    # computed (everything else identical). A run that still "improves" with this on is drift,
+    # not learning. Needs an estimator that reads only the reward values (not per-turn verdicts).
+    shuffle_rewards: Bool = False
     # GiGPO settings (used when advantage = gigpo).
     gigpo: GiGPOConfig = Field(default_factory=GiGPOConfig)
     # SLCA settings (used when advantage = slca).
@@ -267,6 +274,10 @@ class AlgoConfig(Section):
             raise ValueError("algo.advantage=ppo needs a critic: set algo.critic (e.g. algo.critic.lr=1e-5)")
         if self.advantage == "slca" and self.kl_in == "reward":
             raise ValueError("algo.kl_in=reward is not defined for algo.advantage=slca (two rewards); use kl_in=loss")
+        if self.shuffle_rewards and self.advantage in ("gigpo", "turn_grpo", "ppo"):
+            raise ValueError(f"algo.shuffle_rewards is not defined for algo.advantage={self.advantage}: it also reads the "
+                             "per-turn verdicts, which a reward permutation would leave attached; use grpo, dr_grpo, "
+                             "rloo, raft or slca")
         if self.advantage in ("turn_grpo", "raft") and self.kl_in == "reward":
             raise ValueError(f"algo.kl_in=reward is not defined for algo.advantage={self.advantage} (it reads the "
                              "checker's verdicts, not a shaped reward); use kl_in=loss")
@@ -294,6 +305,10 @@ class LearnerConfig(Section):
     # Optimizer steps per pass: the batch is split into this many random mini-batches (PPO
     # mini-batches, as OpenRLHF/verl's mini-batch size); more updates from the same rollouts.
     mini_batches: PosInt = 1
+    # torch threads for the learner's update; null = what Ray gives an actor of runtime.learner_cpus
+    # (one thread per CPU). In synchronous mode the rollout engines idle during the update, so on a
+    # single machine the learner can use every core (2 threads on 2 cores: ~2x faster updates).
+    threads: PosInt | None = None
     # Linear learning-rate warm-up, in optimizer steps.
     warmup_steps: NonNegInt = 0
 

@@ -43,6 +43,26 @@ def _kl_sum(kl: list[float] | None, mask: list[int]) -> float:
     return 0.0 if kl is None else float(sum(k for k, m in zip(kl, mask) if m))
 
 
+def shuffle_episode_rewards(groups: list[dict], rng) -> list[dict]:
+    """The reward-destroying control (``algo.shuffle_rewards``): the step's reward records
+    (``rewards`` dicts) permuted across all of its episodes, before any advantage is computed.
+
+    Everything else (tokens, logprobs, groups) is untouched, so a run with this on differs from
+    the real one only in whether rewards belong to the episodes that earned them. Returns new
+    group dicts; the inputs are not modified."""
+    records = [e["rewards"] for g in groups for e in g["episodes"]]
+    order = list(range(len(records)))
+    rng.shuffle(order)
+    out, i = [], 0
+    for g in groups:
+        eps = []
+        for e in g["episodes"]:
+            eps.append({**e, "rewards": dict(records[order[i]])})
+            i += 1
+        out.append({**g, "episodes": eps})
+    return out
+
+
 def build_batch(groups: list[dict], algo, kl_per_token: list[list[float]] | None = None) -> tuple[dict, dict]:
     """Flatten groups into the learner's batch. ``algo`` is an ``AlgoConfig``; ``kl_per_token``
     (one list per episode, in group order) is used only when ``algo.kl_in == "reward"``."""

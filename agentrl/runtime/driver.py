@@ -18,7 +18,9 @@ from pathlib import Path
 import ray
 
 from agentrl.config import Config, dump_config
+from agentrl.rewards.behaviours import behaviour_rates
 from agentrl.runtime.env import set_default_env
+from agentrl.runtime.evaluate import summarize
 
 POOL_LOG = "rods_pool.jsonl"  # append-only RODS pool events (one JSON object per line)
 POOL_STATE = "rods_pool.json"  # the RODS pool in a checkpoint folder
@@ -27,10 +29,10 @@ POOL_STATE = "rods_pool.json"  # the RODS pool in a checkpoint folder
 class TaskSampler:
     """Training tasks per step: shuffled passes over the train set, or fresh generated tasks."""
 
-    def __init__(self, cfg: Config, train_tasks: list, heldout_texts: set[str]):
+    def __init__(self, cfg: Config, train_tasks: list, heldout_keys: set[tuple[str, ...]]):
         self.cfg = cfg
         self.rng = random.Random(cfg.run.seed)
-        self.heldout_texts = heldout_texts
+        self.heldout_keys = heldout_keys  # held-out tasks as their tuples of user turns
         self.tasks = [] if cfg.tasks.fresh_train else list(train_tasks)
         self.order: list = []
         self.fresh_seed = 1_000_000 + cfg.run.seed * 10_000
@@ -39,13 +41,9 @@ class TaskSampler:
         if self.cfg.tasks.fresh_train:
             from agentrl.envs.builtin.generator import generate_tasks
 
-            out = []
-            while len(out) < n:
-                self.fresh_seed += 1
-                for t in generate_tasks(n, seed=self.fresh_seed, id_prefix=f"fresh{self.fresh_seed}"):
-                    if not any(turn.user in self.heldout_texts for turn in t.turns):
-                        out.append(t)
-            return out[:n]
+            self.fresh_seed += 1
+            return generate_tasks(n, seed=self.fresh_seed, id_prefix=f"fresh{self.fresh_seed}",
+                                  exclude=self.heldout_keys, suite=self.cfg.tasks.fresh_suite)
         out = []
         while len(out) < n:
             if not self.order:
@@ -107,7 +105,8 @@ class Trainer:
         heldout = tasks["heldout"]
         self.heldout = heldout[: cfg.tasks.heldout_size] if cfg.tasks.heldout_size else heldout
         heldout_texts = {turn.user for t in heldout for turn in t.turns}
-        self.sampler = None if cfg.rods.enabled else TaskSampler(cfg, tasks["train"], heldout_texts)
+        heldout_keys = {tuple(turn.user for turn in t.turns) for t in heldout}
+        self.sampler = None if cfg.rods.enabled else TaskSampler(cfg, tasks["train"], heldout_keys)
         self.rods = None
         if cfg.rods.enabled:  # the pool replaces the sampler; seeds = tasks.train
             from agentrl.runtime.synthesis_actor import SynthesisActor
@@ -147,7 +146,7 @@ class Trainer:
         shards = _shard(self.heldout, len(self.workers))
         results = [r for rs in ray.get([w.evaluate.remote(s) for w, s in zip(self.workers, shards) if s]) for r in rs]
         n = max(1, len(results))
-        return {
+        out = {
             "success": sum(r["outcome"] for r in results) / n,
             "progress": sum(r["progress"] for r in results) / n,
             "mean_calls": sum(r["calls"] for r in results) / n,
@@ -155,6 +154,12 @@ class Trainer:
             "episodes": float(len(results)),
             "seconds": time.perf_counter() - t0,
         }
+        # what changed, not only how much: success per category and the rate of each behaviour
+        for cat, (_, acc) in summarize(results).items():
+            if cat != "overall":
+                out[f"success/{cat}"] = acc
+        out.update({f"behaviour/{k}": v for k, v in behaviour_rates([r["behaviours"] for r in results]).items()})
+        return out
 
     # ---------------------------------------------------------------- one step
     def _launch_rollouts(self, step: int) -> list:
@@ -347,6 +352,7 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
     try:
         if cfg.train.eval_at_start:
             evals["start"] = trainer.evaluate()
+            trainer.metrics.log(0, {f"eval/{k}": v for k, v in evals["start"].items()})
             print(f"held-out at start: success {evals['start']['success']:.2f} on {int(evals['start']['episodes'])} tasks ({evals['start']['seconds']:.0f}s)", flush=True)
         deadline = trainer.deadline = t_start + cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
         for step in range(1, cfg.train.steps + 1):
@@ -377,7 +383,9 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
     write_report(run_dir)
     print(f"training took {(time.perf_counter() - t_start) / 60:.1f} min; metrics in {run_dir}", flush=True)
     if evals:
-        eval_table("held-out evaluation (greedy)", evals)
+        eval_table("held-out evaluation (greedy)", {row: {k: v for k, v in e.items() if "/" not in k} for row, e in evals.items()})
+        eval_table("held-out success by category, and behaviour rates", {
+            row: {k: v for k, v in e.items() if "/" in k} for row, e in evals.items()})
     if "start" in evals and "end" in evals:
         print(f"held-out success: {evals['start']['success']:.2f} -> {evals['end']['success']:.2f}", flush=True)
     return evals

@@ -18,6 +18,7 @@ from pathlib import Path
 import ray
 
 from agentrl.config.schema import Config
+from agentrl.rewards.behaviours import behaviour_rates
 
 # The gold replay is not a model: give it room for long-context tool outputs and every gold step
 # (BFCL turns take up to ~20 calls; long_context observations run to thousands of tokens).
@@ -95,6 +96,8 @@ def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path, limit: 
     for cat, (n, acc) in summary.items():
         if cat != "overall":
             print(f"{cat:<16}{n:>8}{acc:>10.4f}")
+    for name, rate in behaviour_rates([r["behaviours"] for r in results if "behaviours" in r]).items():
+        print(f"behaviour {name}: {rate:.4f}")
     print(f"per-entry results: {out} ({time.perf_counter() - t0:.0f}s)")
     print(f"overall accuracy: {summary['overall'][1]:.4f}", flush=True)
     return summary

@@ -8,11 +8,12 @@ publishes weights as an object ref.
 
 from __future__ import annotations
 
+import random
 import time
 
 import ray
 
-from agentrl.runtime.batching import build_batch
+from agentrl.runtime.batching import build_batch, shuffle_episode_rewards
 
 
 @ray.remote
@@ -23,7 +24,13 @@ class LearnerActor:
         set_default_env()
         from agentrl.engines.deepspeed_learner import DeepSpeedLearner
 
+        if learner_cfg.threads:  # Ray set OMP_NUM_THREADS from num_cpus; this overrides it
+            import torch
+
+            torch.set_num_threads(learner_cfg.threads)
+
         self.algo_cfg = algo_cfg
+        self.seed = seed
         self.learner = DeepSpeedLearner(model_path, learner_cfg, algo_cfg, dtype=dtype, seed=seed, temperature=temperature)
         self.model_path = model_path
 
@@ -33,6 +40,8 @@ class LearnerActor:
     def train(self, group_boxes: list[list]) -> dict[str, float]:
         t0 = time.perf_counter()
         groups = ray.get([box[0] for box in group_boxes])
+        if self.algo_cfg.shuffle_rewards:  # the control arm: same episodes, rewards detached from them
+            groups = shuffle_episode_rewards(groups, random.Random(self.seed * 1_000_003 + self.learner.version))
         kl = self._rollout_kl(groups) if self.algo_cfg.kl_in == "reward" and self.algo_cfg.kl_coef > 0 else None
         batch, extra = build_batch(groups, self.algo_cfg, kl_per_token=kl)
         metrics = self.learner.train_step(batch)

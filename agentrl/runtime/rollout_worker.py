@@ -16,6 +16,7 @@ import uuid
 import ray
 
 from agentrl.agent.episode import Episode, EpisodeLimits, Generation, run_episode
+from agentrl.rewards.behaviours import behaviour_counts
 from agentrl.rewards.hierr import HierRWeights
 from agentrl.rewards.scoring import apply_summary, score_episode, seen_context
 from agentrl.tasks.schema import Task
@@ -183,7 +184,8 @@ class RolloutWorker:
         return [
             {"task_id": e.task_id, "category": t.category, "outcome": e.rewards["outcome"], "progress": e.rewards["progress"],
              "turn_passed": e.turn_passed, "n_turns": e.n_turns, "calls": e.n_call_blocks, "valid_calls": e.n_valid_calls,
-             "redundant_calls": redundant_calls(e.calls), "termination": e.termination, "policy_tokens": e.n_policy_tokens}
+             "redundant_calls": redundant_calls(e.calls), "termination": e.termination, "policy_tokens": e.n_policy_tokens,
+             "behaviours": behaviour_counts(t, e.turn_passed, e.calls)}
             for e, t in zip(eps, tasks)
         ]
 
