@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+from agentrl.rewards.behaviours import BEHAVIOURS
 from agentrl.telemetry.metrics import FIELDS, METRICS_FILE
 
 REPORT_FILE = "report.png"
@@ -56,6 +57,9 @@ PANELS = {
     "rollout throughput (tokens/s)": [("tokens_per_s", "tokens/s")],
     "time per phase (s)": [("time_gen", "generate"), ("time_learn", "learn"),
                            ("time_sync", "weight sync")],
+    # what RL changed, at each held-out evaluation (step 0 = before training)
+    "held-out success by category": [(f"eval/success/{c}", c) for c in ("base", "miss_param", "miss_func", "long_context")],
+    "held-out behaviour rates": [(f"eval/behaviour/{b}", b) for b in BEHAVIOURS],
 }
 
 
