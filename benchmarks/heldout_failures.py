@@ -30,7 +30,8 @@ class GreedyHF:
     async def generate(self, ids: list[int], max_tokens: int) -> Generation:
         eos = list(self.formatter.eos_token_ids)
         with torch.no_grad():
-            out = self.model.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
+            out = self.model.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False,
+                                      eos_token_id=eos, pad_token_id=0)
         new = out[0, len(ids):].tolist()
         return Generation(new, [0.0] * len(new), "stop" if new and new[-1] in eos else "length")
 

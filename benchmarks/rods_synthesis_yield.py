@@ -54,7 +54,8 @@ def main() -> None:
             covered += ok > 0
         ms = (time.perf_counter() - t0) * 1000 / max(1, accepted)
         top = ", ".join(f"{r} {n}" for r, n in fails.most_common(3))
-        print(f"| {source} ({len(seeds)}) | {len(seeds) * args.variants} | {accepted} | {covered} | {attempts} | {top} | {ms:.0f} |",
+        print(f"| {source} ({len(seeds)}) | {len(seeds) * args.variants} | {accepted} | {covered} | {attempts} | {top} "
+              f"| {ms:.0f} |",
               flush=True)
 
 

@@ -7,8 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrl.algos.advantages import (ADVANTAGES, broadcast_to_tokens, dr_grpo, get_advantage, grouped, grpo,
-                                      raft, rloo)
+from agentrl.algos.advantages import ADVANTAGES, broadcast_to_tokens, dr_grpo, get_advantage, grouped, grpo, raft, rloo
 from agentrl.algos.losses import aggregate_tokens, kl_penalty, ppo_clip_loss, sequence_mean_weights, truncated_is_weights
 
 
@@ -80,7 +79,10 @@ def test_ppo_clip_hand():
     assert close(loss, (-1.28 + 0.8 - 2.0) / 3)
     assert close(st_["clip_frac"], 2 / 3)
     assert close(st_["ratio_mean"], (math.exp(0.5) + math.exp(-0.5) + 1) / 3)
-    k3 = lambda x: math.exp(x) - 1 - x
+
+    def k3(x):
+        return math.exp(x) - 1 - x
+
     assert close(st_["approx_kl"], (k3(0.5) + k3(-0.5)) / 3)
     # unclipped side: ratio < 1 with A > 0 is not clipped: -(0.6065 * 1)
     loss2, s2 = ppo_clip_loss(torch.tensor([[-0.5]]), torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1))

@@ -44,7 +44,8 @@ def formatter(tiny_model_dir):
 @pytest.fixture(scope="module")
 def task():
     # a multi-turn base task whose every turn needs calls
-    return next(t for t in builtin_split("train") if t.category == "base" and len(t.turns) >= 2 and all(turn.gold for turn in t.turns))
+    return next(t for t in builtin_split("train")
+                if t.category == "base" and len(t.turns) >= 2 and all(turn.gold for turn in t.turns))
 
 
 def _episode(task, policy, formatter):

@@ -99,7 +99,8 @@ def test_long_context_flag_only_there():
     # otherwise long_context entries are base-like: the flag is what makes outputs long
     lc_task, base_task = next(
         (t, b) for t, b in zip(bfcl_tasks("long_context", "full"), bfcl_tasks("base", "full"))
-        if "GorillaFileSystem" in t.initial_state["involved_classes"] and t.initial_state["initial_config"] == b.initial_state["initial_config"])
+        if "GorillaFileSystem" in t.initial_state["involved_classes"]
+        and t.initial_state["initial_config"] == b.initial_state["initial_config"])
     lc, base = make_backend(lc_task), make_backend(base_task)
     assert lc.instances["GorillaFileSystem"].long_context and not base.instances["GorillaFileSystem"].long_context
     assert len(json.dumps(lc.state())) > len(json.dumps(base.state()))
@@ -276,7 +277,8 @@ def test_verdict_parity_with_official_checker():
     rng = random.Random(PARITY_SEED)
     gts = {}
     for cat in CATEGORIES:
-        gts.update({a["id"]: a["ground_truth"] for a in _jsonl(bfcl.tasks.POSSIBLE_ANSWER_PATH / f"BFCL_v4_multi_turn_{cat}.json")})
+        answers = _jsonl(bfcl.tasks.POSSIBLE_ANSWER_PATH / f"BFCL_v4_multi_turn_{cat}.json")
+        gts.update({a["id"]: a["ground_truth"] for a in answers})
     counts = {"agree": 0, "disagree": 0, "valid": 0, "invalid": 0}
     kinds: dict[str, list[int]] = {}
     errors: dict[str, int] = {}
@@ -284,7 +286,8 @@ def test_verdict_parity_with_official_checker():
     n = 0
     for task in bfcl_tasks("all", "full"):
         st = task.initial_state
-        entry = {"id": st["bfcl_id"], "initial_config": copy.deepcopy(st["initial_config"]), "involved_classes": st["involved_classes"]}
+        entry = {"id": st["bfcl_id"], "initial_config": copy.deepcopy(st["initial_config"]),
+                 "involved_classes": st["involved_classes"]}
         gt = gts[task.id]
         trajs = [("gold", [list(task.gold_calls(u)) for u in range(len(task.turns))])]
         trajs += [_perturb(rng, task) for _ in range(PERTURBATIONS_PER_ENTRY)]

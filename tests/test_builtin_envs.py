@@ -174,7 +174,8 @@ def test_backend_dispatch_errors_and_state():
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False)
-                           | st.text(max_size=8), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+                           | st.text(max_size=8),
+                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
                            max_leaves=6)
 
 

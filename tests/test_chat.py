@@ -26,7 +26,8 @@ QWEN25_TEMPLATE = (
     "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
     "{%- endif %}{%- endif %}"
     "{%- for message in messages %}"
-    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or (message.role == 'assistant' and not message.tool_calls) %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first)"
+    " or (message.role == 'assistant' and not message.tool_calls) %}"
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
     "{%- elif message.role == 'tool' %}"
     "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}"
@@ -103,7 +104,8 @@ def test_ours_layout():
         "\n<|im_start|>user\n<tool_response>\na\n</tool_response>\n<tool_response>\nb\n</tool_response><|im_end|>\n"
         "<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n")
     prompt = f.tokenizer.decode(f.prompt_ids(None, TOOLS, "hi"))
-    assert prompt.startswith("<|im_start|>system\nYou can call these tools:\n<tools>\nget_weather(city)\nconvert()\n</tools><|im_end|>\n")
+    assert prompt.startswith("<|im_start|>system\nYou can call these tools:\n"
+                             "<tools>\nget_weather(city)\nconvert()\n</tools><|im_end|>\n")
     assert "returns" not in prompt and prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 

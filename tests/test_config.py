@@ -15,8 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from agentrl.config import Config, ConfigError, dump_config, load_config
-from agentrl.config import schema
+from agentrl.config import Config, ConfigError, dump_config, load_config, schema
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")

@@ -94,7 +94,8 @@ def test_parallel_done_sequentially_and_vice_versa():
 
 
 def test_parallel_calls_matched_regardless_of_order():
-    pred = [[[c("get_w", city="bergen"), c("get_w", city="OSLO")], [c("book", id="A4100", n=55.0)]], [], [[c("cancel", id="A4100")]]]
+    pred = [[[c("get_w", city="bergen"), c("get_w", city="OSLO")], [c("book", id="A4100", n=55.0)]], [],
+            [[c("cancel", id="A4100")]]]
     assert comps(pred) == {k: 1.0 for k in COMPONENTS}
 
 

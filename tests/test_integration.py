@@ -143,9 +143,9 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
     # At T = 0.5 the engine reports logprobs of the tempered distribution it sampled from: equal
     # to HF's softmax(logits / 0.5), not to the untempered policy's.
     import torch
+    from transformers import AutoModelForCausalLM
 
     from agentrl.engines.hf_policy import token_logprobs
-    from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
     tempered = ray.get(worker.sample_one.remote(task, 7, 0.5))

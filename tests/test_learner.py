@@ -212,8 +212,9 @@ def test_ppo_epochs_bf16_and_save(model_dir, batch, tmp_path):
 
     ZeRO-0 + bf16 uses DeepSpeed's FP16_UnfusedOptimizer, which takes a zero-gradient Adam step
     at init; the learner must undo it (Adam's step count = optimizer steps actually taken)."""
-    from agentrl.engines.deepspeed_learner import DeepSpeedLearner
     from transformers import AutoModelForCausalLM
+
+    from agentrl.engines.deepspeed_learner import DeepSpeedLearner
 
     lcfg = LearnerConfig(zero_stage=0, lr=LR, micro_batch_size=3, ppo_epochs=2, warmup_steps=4)
     learner = DeepSpeedLearner(model_dir, lcfg, AlgoConfig(kl_coef=0.0), "bfloat16", seed=0)

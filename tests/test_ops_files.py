@@ -142,7 +142,7 @@ def test_cluster_launcher_structure():
             assert any("ray start" in cmd for cmd in doc[key]), f"{path.name}: {key}"
         if "docker" in doc:
             assert ray_pin() in doc["docker"]["image"], f"{path.name}: image Ray must match pyproject's pin"
-        for remote, local in doc.get("file_mounts", {}).items():
+        for local in doc.get("file_mounts", {}).values():
             if not local.startswith(("~", "/", ".cache")):  # repo paths must exist (run from the root)
                 assert (ROOT / local).exists(), f"{path.name}: file mount source {local} missing"
 
@@ -151,7 +151,7 @@ def test_cluster_launcher_validates_against_ray_schema():
     pytest.importorskip("ray")
     from ray.autoscaler._private.util import prepare_config, validate_config
 
-    for path, doc in by_kind()["launcher"]:
+    for _path, doc in by_kind()["launcher"]:
         validate_config(prepare_config(copy.deepcopy(doc)))
 
 

@@ -1,4 +1,4 @@
-"""RODS building blocks (DESIGN.md §5): boundary statistics, seed selection, skill signatures."""
+"""RODS building blocks (docs/design.md §5): boundary statistics, seed selection, skill signatures."""
 
 from __future__ import annotations
 

@@ -18,7 +18,16 @@ import pytest
 from agentrl.config.schema import EngineConfig, RodsLLMConfig
 from agentrl.envs.builtin.generator import builtin_split
 from agentrl.envs.checker import gold_replay
-from agentrl.rods.llm_checks import RefError, apply_patch, extends, names_function, oversized, resolve_refs, said_in, unstated_value
+from agentrl.rods.llm_checks import (
+    RefError,
+    apply_patch,
+    extends,
+    names_function,
+    oversized,
+    resolve_refs,
+    said_in,
+    unstated_value,
+)
 from agentrl.rods.llm_synth import LLMSynthesizer
 from agentrl.rods.synthesizer import SynthesisResult, accept_variant
 from agentrl.tasks.io import resolve_task_sources
@@ -137,7 +146,8 @@ def test_good_plan_is_accepted_end_to_end():
 
 
 def test_same_rng_seed_same_requests():
-    a, b = ScriptedLLM(plan=GOOD_PLAN, rewrite=GOOD_TEXTS, verdict=ACCEPT), ScriptedLLM(plan=GOOD_PLAN, rewrite=GOOD_TEXTS, verdict=ACCEPT)
+    a = ScriptedLLM(plan=GOOD_PLAN, rewrite=GOOD_TEXTS, verdict=ACCEPT)
+    b = ScriptedLLM(plan=GOOD_PLAN, rewrite=GOOD_TEXTS, verdict=ACCEPT)
     ra, rb = run(a, rng_seed=5), run(b, rng_seed=5)
     assert [r[3] for r in a.requests] == [r[3] for r in b.requests]
     assert [t.model_dump() for t in ra.tasks] == [t.model_dump() for t in rb.tasks]
@@ -157,7 +167,8 @@ def test_failing_calls_blocklist_and_replan_then_give_up():
     assert result.tasks == [] and result.attempts == 1 and result.failures == Counter(execution_failed=1)
     plan_requests = [r for r in llm.requests if r[0] == "plan"][:3]
     all_tools = {t.name for t in BANK.tools}
-    assert [plan_names(r[2]) for r in plan_requests] == [all_tools, all_tools - {"withdraw"}, all_tools - {"withdraw", "transfer"}]
+    expected = [all_tools, all_tools - {"withdraw"}, all_tools - {"withdraw", "transfer"}]
+    assert [plan_names(r[2]) for r in plan_requests] == expected
     last_prompt = plan_requests[2][1][1]["content"]
     assert "Do not use these tools: withdraw, transfer" in last_prompt and "insufficient funds" in last_prompt
     # a patch was asked for after each failure (the empty answer means "no state fix")
@@ -182,7 +193,8 @@ def test_a_state_patch_can_rescue_a_failing_call():
     assert apply_patch(state, [{"op": "add", "path": "/Evil", "value": {}}], {"Bank"}) is None
     assert apply_patch(state, [{"op": "replace", "path": "/Bank/accounts/A0000", "value": {}}], {"Bank"}) is None
     assert apply_patch(state, [{"op": "replace", "path": "/Bank", "value": {}}], {"Bank"}) is None
-    assert apply_patch(state, [{"op": "replace", "path": "/Bank/accounts/A2162/balance", "value": 5}], {"Bank"})["Bank"]["accounts"]["A2162"]["balance"] == 5
+    patched = apply_patch(state, [{"op": "replace", "path": "/Bank/accounts/A2162/balance", "value": 5}], {"Bank"})
+    assert patched["Bank"]["accounts"]["A2162"]["balance"] == 5
 
 
 def test_judge_reject_then_repair_then_accept():
@@ -210,8 +222,9 @@ def test_judge_uses_its_own_llm_when_given():
     assert judge.stages() == ["verdict"] and "verdict" not in llm.stages()
 
 
-@pytest.mark.parametrize("answer", ["not json {", '{"turns": [{"calls": []}]}', json.dumps({"turns": GOOD_PLAN["turns"][:1]}),
-                                    json.dumps({"turns": [{"calls": [{"name": "open_account", "arguments": {"owner": 5}}]}] * 2})])
+@pytest.mark.parametrize("answer", [
+    "not json {", '{"turns": [{"calls": []}]}', json.dumps({"turns": GOOD_PLAN["turns"][:1]}),
+    json.dumps({"turns": [{"calls": [{"name": "open_account", "arguments": {"owner": 5}}]}] * 2})])
 def test_invalid_json(answer):
     result = run(ScriptedLLM(plan=answer))
     assert result.tasks == [] and result.failures == Counter(invalid_json=2)
@@ -250,7 +263,8 @@ def test_gates():
     assert run(ScriptedLLM(plan=GOOD_PLAN, rewrite=vague, verdict=ACCEPT)).failures == Counter(unstated_value=2)
     # lists
     # lists (nested too)
-    assert oversized({"a": [{"b": [1, 2, 3]}]}, 200, 2) == "list_too_long" and oversized({"a": "y" * 201}, 200, 5) == "string_too_long"
+    assert oversized({"a": [{"b": [1, 2, 3]}]}, 200, 2) == "list_too_long"
+    assert oversized({"a": "y" * 201}, 200, 5) == "string_too_long"
     twitter = next(t for t in resolve_task_sources("bfcl:base:train") if "TwitterAPI" in t.initial_state["involved_classes"])
     tags = ["a", "b", "c", "d", "e", "f"]
     task = twitter.model_copy(update={"turns": [Turn(user="Post 'hi' tagged a, b, c, d, e and f.", gold=[[
@@ -285,7 +299,8 @@ def test_two_variants_with_distinct_text():
 
 # ---- stage 5: augment
 def test_augment_kinds_make_valid_gated_tasks():
-    texts_lc = {"turns": ["Open a fresh account for Zed and put 50 into it.", "Then move 30 from account A2239 into Zed's account."]}
+    texts_lc = {"turns": ["Open a fresh account for Zed and put 50 into it.",
+                          "Then move 30 from account A2239 into Zed's account."]}
     llm = ScriptedLLM(plan=GOOD_PLAN, rewrite=[GOOD_TEXTS, texts_lc], verdict=ACCEPT,
                       miss_param=leave_out)
     result = run(llm, augment=["miss_func", "miss_param", "long_context"])
@@ -329,13 +344,14 @@ def test_bfcl_seed_end_to_end():
                                  {"name": "mkdir", "arguments": {"dir_name": "reports"}}]},
                       {"calls": [{"name": "cd", "arguments": {"folder": "reports"}},
                                  {"name": "touch", "arguments": {"file_name": "summary.txt"}},
-                                 {"name": "echo", "arguments": {"content": "Quarterly numbers look good", "file_name": "summary.txt"}}]}]}
+                                 {"name": "echo",
+                                  "arguments": {"content": "Quarterly numbers look good", "file_name": "summary.txt"}}]}]}
     texts = {"turns": ["Go into my workspace folder and create a folder named reports in it.",
                        "Inside reports, save 'Quarterly numbers look good' in a new file summary.txt."]}
     seed = bfcl_seed()
-    llm = ScriptedLLM(plan=plan, rewrite=[texts, {"turns": ["In the workspace folder, make a reports folder.",
-                                                            "Write 'Quarterly numbers look good' to summary.txt inside reports."]}],
-                      verdict=ACCEPT)
+    texts_lc = {"turns": ["In the workspace folder, make a reports folder.",
+                          "Write 'Quarterly numbers look good' to summary.txt inside reports."]}
+    llm = ScriptedLLM(plan=plan, rewrite=[texts, texts_lc], verdict=ACCEPT)
     result = run(llm, seed=seed, augment=["miss_func", "long_context"])
     assert [t.category for t in result.tasks] == ["base", "miss_func", "long_context"] and not result.failures
     for t in result.tasks:
@@ -372,5 +388,6 @@ def test_tiny_model_under_vllm_runs_without_raising(tiny_model_dir):
         for t in r.tasks:
             assert accept_variant(t, set()) is None
         assert r.attempts == len(r.tasks) + sum(r.failures.values())
-    print(f"tiny model: accepted {sum(len(r.tasks) for r in results)} of {sum(r.attempts for r in results)} attempts; failures {dict(total)}")
+    print(f"tiny model: accepted {sum(len(r.tasks) for r in results)} of {sum(r.attempts for r in results)} attempts; "
+          f"failures {dict(total)}")
     assert "internal_error" not in total and sum(total.values()) > 0

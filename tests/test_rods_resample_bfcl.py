@@ -170,7 +170,8 @@ def test_file_names_change_in_text_state_and_calls(resampler, tasks):
 def test_result_derived_arguments_follow_the_new_results(resampler):
     """Unstated arguments copied from an earlier result (zipcodes from city names) are re-derived."""
     seeds = [s for s in bfcl_tasks("base", "train")
-             if {"get_zipcode_based_on_city", "estimate_distance"} <= {c.name for u in range(len(s.turns)) for c in s.gold_calls(u)}]
+             if {"get_zipcode_based_on_city", "estimate_distance"}
+             <= {c.name for u in range(len(s.turns)) for c in s.gold_calls(u)}]
     checked = 0
     for seed in seeds:
         for v in resampler.synthesize(seed, 2, rng_seed=3).tasks:

@@ -67,7 +67,8 @@ def test_training_with_rods_samples_from_the_pool_and_logs_every_event(tiny_mode
     # and switch retirement off: the point here is the plumbing, not the thresholds.
     cfg = load_config(None, [
         f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path / 'runs'}", "run.name=rods",
-        "tasks.heldout_size=2", "train.eval_at_start=false", "train.eval_at_end=false", "rollout.group_size=2", "rollout.tasks_per_step=2",
+        "tasks.heldout_size=2", "train.eval_at_start=false", "train.eval_at_end=false", "rollout.group_size=2",
+        "rollout.tasks_per_step=2",
         "rollout.max_new_tokens=32", "learner.micro_batch_size=4", "train.steps=3", "train.checkpoint_every=2",
         "telemetry.progress=false", "rods.enabled=true", "rods.low=0.0", "rods.retire_new_below=0.0",
         "rods.retire_below=0.0", "rods.epoch_steps=1", "rods.inject_fraction=1.0", "algo.advantage=slca",

@@ -1,4 +1,4 @@
-"""SGLS, the schema-guided LLM tool simulator (DESIGN.md §6).
+"""SGLS, the schema-guided LLM tool simulator (docs/design.md §6).
 
 Fast tests cover the deterministic parts (call/output validation, the cache) and the backend's
 control flow with a scripted ``llm``: a stand-in for the *text* an LLM returns, so retries, the
@@ -112,7 +112,8 @@ def test_validate_call_errors_name_tool_and_argument(call, expected):
 def test_validate_call_accepts_valid_calls_and_reports_broken_schemas():
     assert validate_call(TOOLS, _call(invoice_id="I1", amount=2, method="card", memo={"text": "hi"})) is None
     assert validate_call(TOOLS, ToolCall(name="lookup", arguments={"q": "x"})) is None
-    broken = [ToolSpec.model_validate({"function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}}}})]
+    broken = [ToolSpec.model_validate(
+        {"function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}}}})]
     err = validate_call(broken, ToolCall(name="f", arguments={"a": 1}))
     assert err is not None and err["error"].startswith("tool 'f' has an unusable parameters schema")
 
@@ -140,7 +141,8 @@ def test_validate_output():
 # ---- cache
 def test_cache_key_is_canonical_and_history_sensitive():
     h1 = [history_entry(_call(invoice_id="I1", amount=1), {"b": 2, "a": 1})]
-    h1_reordered = [{"response": {"a": 1, "b": 2}, "call": {"arguments": {"amount": 1, "invoice_id": "I1"}, "name": "pay_invoice"}}]
+    h1_reordered = [{"response": {"a": 1, "b": 2},
+                     "call": {"arguments": {"amount": 1, "invoice_id": "I1"}, "name": "pay_invoice"}}]
     c1 = ToolCall(name="lookup", arguments={"q": "x", "page": 1})
     c2 = {"name": "lookup", "arguments": {"page": 1, "q": "x"}}
     assert cache_key("t", h1, c1) == cache_key("t", h1_reordered, c2)
@@ -216,7 +218,8 @@ def test_prompt_describes_tool_state_and_history():
     messages, schema, _ = llm.requests[1]
     system = messages[0]["content"]
     assert messages[0]["role"] == "system"
-    for part in ("`pay_invoice`", "Pay an invoice from an account.", '"invoice_id"', '"maxLength":6', '{"invoices":[{"due":12.5,"id":"I1"}]}'):
+    for part in ("`pay_invoice`", "Pay an invoice from an account.", '"invoice_id"', '"maxLength":6',
+                 '{"invoices":[{"due":12.5,"id":"I1"}]}'):
         assert part in system
     assert [m["role"] for m in messages[1:]] == ["user", "assistant", "user"]
     assert json.loads(messages[1]["content"]) == {"name": "pay_invoice", "arguments": {"invoice_id": "I1", "amount": 12.5}}
@@ -268,7 +271,8 @@ def test_client_errors_become_observations_and_are_not_cached():
         def simulate(self, *args):
             raise RuntimeError("actor died")
 
-    assert SGLSBackend(_task(), DeadServer()).execute(_call()) == {"error": "simulator unavailable for pay_invoice: RuntimeError: actor died"}
+    expected = {"error": "simulator unavailable for pay_invoice: RuntimeError: actor died"}
+    assert SGLSBackend(_task(), DeadServer()).execute(_call()) == expected
 
 
 def test_concurrent_identical_calls_decode_once():

@@ -22,8 +22,9 @@ def _play(task, played, formatter):
 
 
 def _formatter():
-    from agentrl.engines.tiny_model import SHIPPED
     from transformers import AutoTokenizer
+
+    from agentrl.engines.tiny_model import SHIPPED
 
     return ChatFormatter(AutoTokenizer.from_pretrained(SHIPPED))
 
@@ -106,8 +107,10 @@ def test_behaviour_rates_pool_hits_over_opportunities():
 
 
 def test_shuffle_permutes_reward_records_across_the_step_and_nothing_else():
-    groups = [{"task_id": f"t{g}", "episodes": [{"token_ids": [g, i], "rewards": {"outcome": float(i == 0), "progress": g + i / 10}}
-                                                for i in range(4)]} for g in range(3)]
+    groups = [{"task_id": f"t{g}",
+               "episodes": [{"token_ids": [g, i], "rewards": {"outcome": float(i == 0), "progress": g + i / 10}}
+                            for i in range(4)]}
+              for g in range(3)]
     before = [dict(e["rewards"]) for g in groups for e in g["episodes"]]
     out = shuffle_episode_rewards(groups, random.Random(0))
     after = [e["rewards"] for g in out for e in g["episodes"]]

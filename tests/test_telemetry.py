@@ -22,7 +22,6 @@ STEP = {"train/success": 0.41, "train/progress": 0.55, "train/reward_std": 0.32,
 
 def tb_scalars(path) -> dict[str, list[tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     from tensorboard.util import tensor_util
 
     acc = EventAccumulator(str(path))
@@ -163,7 +162,7 @@ def test_report_draws_rods_panels_when_the_run_used_rods(tmp_path):
         run_dir.mkdir()
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, **STEP, **extra}) + "\n" for s in (1, 2)))
         write_report(run_dir)
-    assert height(rods) == height(plain) * 3 // 2  # a third row of panels
+    assert height(rods) == height(plain) * 4 // 3  # one more row of panels (3 -> 4)
 
 
 @pytest.mark.parametrize("content", [None, "", "not json\n[1,2]\n"])

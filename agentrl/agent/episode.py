@@ -23,7 +23,7 @@ from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.parser import ParsedMessage, parse_assistant
 from agentrl.tasks.schema import Task, ToolCall
 
-# Token segment labels (DESIGN §2): 0 = injected by the environment, 1 = an assistant message
+# Token segment labels (docs/design.md §2): 0 = injected by the environment, 1 = an assistant message
 # that attempts a tool call, 2 = an assistant message without calls (a summary / answer / ask).
 SEG_ENV, SEG_TOOL, SEG_SUMMARY = 0, 1, 2
 

@@ -72,7 +72,8 @@ class ParsedMessage:
     def format_valid_fraction(self) -> float:
         """n_valid / n_blocks, 1.0 when there are no blocks (nothing was malformed).
 
-        This is the HierR ``format`` component (DESIGN §3)."""
+        The same ratio over a whole episode's blocks is HierR's ``format`` component
+        (docs/design.md §3)."""
         return self.n_valid / self.n_blocks if self.n_blocks else 1.0
 
 

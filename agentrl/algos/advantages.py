@@ -1,4 +1,4 @@
-"""Group-relative advantage estimators (DESIGN §4) as pure torch functions.
+"""Group-relative advantage estimators (docs/design.md §4) as pure torch functions.
 
 A *group* is the G episodes of one task rolled out from the same initial state; the group's own
 rewards are the baseline, so no critic is needed. The group-level functions take the 1-D reward
@@ -88,7 +88,8 @@ def grouped(fn: AdvantageFn, rewards: Tensor, group_ids: Tensor, **kwargs) -> Te
     The order within a group is preserved, so position-dependent estimators stay correct.
     """
     if rewards.shape != group_ids.shape or rewards.dim() != 1:
-        raise ValueError(f"rewards and group_ids must be 1-D of equal length, got {tuple(rewards.shape)} and {tuple(group_ids.shape)}")
+        raise ValueError("rewards and group_ids must be 1-D of equal length, "
+                         f"got {tuple(rewards.shape)} and {tuple(group_ids.shape)}")
     r = rewards.to(torch.float32) if not rewards.is_floating_point() else rewards
     out = torch.zeros_like(r)
     for g in torch.unique(group_ids):

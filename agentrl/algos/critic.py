@@ -1,4 +1,4 @@
-"""PPO with a learned critic (DESIGN §4): GAE, clipped value loss, whitening; pure torch functions.
+"""PPO with a learned critic (docs/design.md §4): GAE, clipped value loss, whitening; pure torch functions.
 
 Token tensors are [B, T]. ``mask`` marks policy tokens (the ones the model generated); in agent
 episodes environment observations are spliced in between them (mask 0). Those tokens are not

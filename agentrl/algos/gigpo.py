@@ -1,4 +1,4 @@
-"""GiGPO: Group-in-Group Policy Optimization (Feng et al. 2025) as pure torch functions (DESIGN §4).
+"""GiGPO: Group-in-Group Policy Optimization (Feng et al. 2025) as pure torch functions (docs/design.md §4).
 
 Two nested baselines for multi-step agents, both critic-free:
 
@@ -17,7 +17,7 @@ from torch import Tensor
 
 from agentrl.algos.advantages import grpo
 
-# Defaults from the GiGPO paper (omega = 1, gamma = 0.95), adopted in DESIGN §4.
+# Defaults from the GiGPO paper (omega = 1, gamma = 0.95); see docs/design.md §4.
 DEFAULT_OMEGA = 1.0
 DEFAULT_GAMMA = 0.95
 

@@ -1,4 +1,4 @@
-"""Policy-loss terms (DESIGN §4) as pure torch functions over [B, T] token tensors.
+"""Policy-loss terms (docs/design.md §4) as pure torch functions over [B, T] token tensors.
 
 Aggregation is token-level over a GLOBAL token count: ``loss = sum(loss_tok * mask) / N`` with N
 the number of policy tokens in the whole optimizer step (all micro-batches, all ranks). Summing

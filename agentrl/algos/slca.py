@@ -1,4 +1,4 @@
-"""SLCA-GRPO: segment-locked credit assignment (DESIGN §4) as pure torch functions.
+"""SLCA-GRPO: segment-locked credit assignment (docs/design.md §4) as pure torch functions.
 
 Each episode carries two rewards: R_tool (process reward of the tool-calling turns) and R_sum
 (quality of the final summary). Each is z-scored within the group over the episodes that HAVE that

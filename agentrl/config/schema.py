@@ -1,4 +1,4 @@
-"""The typed configuration tree of a training run (DESIGN.md §1, module ``config``).
+"""The typed configuration tree of a training run (docs/design.md §1, module ``config``).
 
 Every section is a pydantic model with ``extra="forbid"`` so a misspelt key is an error, not a
 silently ignored setting. Every field has a default, so an empty file is a valid config, and a
@@ -185,14 +185,14 @@ class BufferConfig(Section):
 
 
 class GiGPOConfig(Section):
-    # Weight omega of the step-level advantage: A = A_episode + omega * A_step (GiGPO paper; DESIGN §4).
+    # Weight omega of the step-level advantage: A = A_episode + omega * A_step (GiGPO paper; docs/design.md §4).
     omega: NonNegFloat = 1.0
-    # Discount gamma of the step returns inside an episode (GiGPO paper; DESIGN §4).
+    # Discount gamma of the step returns inside an episode (GiGPO paper; docs/design.md §4).
     gamma: Unit = 0.95
 
 
 class SLCAConfig(Section):
-    # Weight of the tool-segment advantage, applied after z-scoring R_tool (SLCA-GRPO; DESIGN §4).
+    # Weight of the tool-segment advantage, applied after z-scoring R_tool (SLCA-GRPO; docs/design.md §4).
     lam_tool: NonNegFloat = 1.0
     # Weight of the summary-segment advantage, applied after z-scoring R_sum.
     lam_sum: NonNegFloat = 1.0
@@ -214,7 +214,7 @@ class CriticConfig(Section):
 
 
 class AlgoConfig(Section):
-    # Reward the advantages are computed from: "progress" (turns passed / turns, DESIGN §3; denser,
+    # Reward the advantages are computed from: "progress" (turns passed / turns, docs/design.md §3; denser,
     # as RODS uses) or "outcome" (1 only when every turn passes). SLCA uses rewards.* instead.
     reward: Literal["progress", "outcome"] = "progress"
     # Advantage estimator: grpo, dr_grpo, rloo, raft (1 on the group's best episodes, 0 else),
@@ -222,7 +222,7 @@ class AlgoConfig(Section):
     # that passed every earlier turn), ppo (needs algo.critic), slca (segment-locked; needs
     # rewards.summary).
     advantage: NonEmptyStr = "grpo"
-    # Added to the group std before dividing (DESIGN §4).
+    # Added to the group std before dividing (docs/design.md §4).
     eps: PosFloat = 1e-6
     # PPO ratio clip below 1: ratio >= 1 - clip_low.
     clip_low: OpenUnit = 0.2
@@ -333,8 +333,8 @@ class TrainConfig(Section):
 
 
 class HierRConfig(Section):
-    # Weights of the HierR process score R_tool, renormalized to sum to 1; defaults from the
-    # SLCA-GRPO paper (DESIGN §3). Weight of format (valid call blocks / call blocks).
+    # Weights of the HierR process score R_tool (SLCA-GRPO's hierarchical reward), renormalized to
+    # sum to 1; defaults in docs/design.md §3. Weight of format (valid call blocks / call blocks).
     format: NonNegFloat = 0.10
     # Weight of the multiset F1 of called vs gold tool names.
     name_f1: NonNegFloat = 0.25
@@ -400,7 +400,7 @@ class RodsLLMConfig(Section):
 
 
 class RodsConfig(Section):
-    # Grow a co-evolving task pool from the train seeds (RODS, DESIGN §5). Needs
+    # Grow a co-evolving task pool from the train seeds (RODS, docs/design.md §5). Needs
     # tasks.fresh_train=false: the seeds are tasks.train.
     enabled: Bool = False
     # How variants are made: "resample" (same skill signature, fresh values; no LLM) or "llm"

@@ -123,8 +123,9 @@ class DeepSpeedLearner:
         PPO ratio are all scored under softmax(logits / temperature), the distribution the
         episodes were drawn from (as verl does); greedy decoding is unchanged by it."""
         _setup_single_process_env()
-        import deepspeed  # after the env is set: the accelerator is chosen at import
         import logging
+
+        import deepspeed  # after the env is set: the accelerator is chosen at import
 
         # DeepSpeed logs its whole config at INFO on every initialize; keep warnings and errors.
         deepspeed.utils.logger.setLevel(logging.WARNING)

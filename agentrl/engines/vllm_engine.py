@@ -84,7 +84,8 @@ class VLLMEngine:
             skip_special_tokens=False,
         )
         final = None
-        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id=f"g{next(self._ids)}"):
+        prompt = TokensPrompt(prompt_token_ids=prompt_ids)
+        async for out in self.engine.generate(prompt, params, request_id=f"g{next(self._ids)}"):
             final = out
         completion = final.outputs[0]
         ids = list(completion.token_ids)
@@ -116,7 +117,8 @@ class VLLMEngine:
         tok = self.engine.get_tokenizer()
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         prompt_ids = list(tok.encode(text, add_special_tokens=False))
-        constraint = StructuredOutputsParams(json=json_schema) if json_schema is not None else StructuredOutputsParams(json_object=True)
+        constraint = (StructuredOutputsParams(json=json_schema) if json_schema is not None
+                      else StructuredOutputsParams(json_object=True))
         params = SamplingParams(
             max_tokens=max_tokens,
             temperature=temperature,
@@ -124,7 +126,8 @@ class VLLMEngine:
             structured_outputs=constraint,
         )
         final = None
-        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id=f"j{next(self._ids)}"):
+        prompt = TokensPrompt(prompt_token_ids=prompt_ids)
+        async for out in self.engine.generate(prompt, params, request_id=f"j{next(self._ids)}"):
             final = out
         return final.outputs[0].text
 

@@ -1,4 +1,4 @@
-"""Per-turn check for executable backends (DESIGN §3, BFCL style).
+"""Per-turn check for executable backends (docs/design.md §3, BFCL style).
 
 The gold plan is not compared call-by-call with what the model did: many call sequences reach the
 same place (extra lookups, different order of independent calls). Instead the check asks two

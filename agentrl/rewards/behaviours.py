@@ -34,8 +34,8 @@ def behaviour_counts(task: Task, turn_passed: list[bool], calls: list[list[dict]
         made = calls[u] if u < len(calls) else []
         for lookup in (s[0] for s, nxt in zip(turn.gold, turn.gold[1:]) if spends_looked_up_balance(s, nxt) is not None):
             account = lookup.arguments["account_id"]
-            out["balance_lookup"][0] += any(c.get("name") == "get_balance" and (c.get("arguments") or {}).get("account_id") == account
-                                            for c in made)
+            out["balance_lookup"][0] += any(
+                c.get("name") == "get_balance" and (c.get("arguments") or {}).get("account_id") == account for c in made)
             out["balance_lookup"][1] += 1
         gold_pairs = {(c.arguments["from_id"], c.arguments["to_id"]) for step in turn.gold for c in step if c.name == "transfer"}
         made_pairs = {((c.get("arguments") or {}).get("from_id"), (c.get("arguments") or {}).get("to_id"))

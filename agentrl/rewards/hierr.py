@@ -1,4 +1,4 @@
-"""HierR process score R_tool (SLCA-GRPO hierarchical rewards; DESIGN §3), gold-matched, in [0, 1].
+"""HierR process score R_tool (SLCA-GRPO hierarchical rewards; docs/design.md §3), gold-matched, in [0, 1].
 
     R_tool = 0.10·format + 0.25·name_f1 + 0.15·key_jaccard + 0.20·value_match + 0.30·parallel
 
@@ -31,16 +31,16 @@ COMPONENTS = ("format", "name_f1", "key_jaccard", "value_match", "parallel")
 class HierRWeights:
     """Weights of the HierR components.
 
-    Source: SLCA-GRPO hierarchical rewards, as specified in DESIGN.md §3 (the seed article in
-    shared/seeds does not list the numbers). They sum to 1, so R_tool stays in [0, 1]; custom
-    weights are normalised by their sum in ``process_reward``.
+    The components are SLCA-GRPO's hierarchical reward; the default weights are this project's
+    choice (docs/design.md §3). They sum to 1, so R_tool stays in [0, 1]; custom weights are
+    normalised by their sum in ``process_reward``.
     """
 
-    format: float = 0.10  # SLCA-GRPO HierR (DESIGN §3)
-    name_f1: float = 0.25  # SLCA-GRPO HierR (DESIGN §3)
-    key_jaccard: float = 0.15  # SLCA-GRPO HierR (DESIGN §3)
-    value_match: float = 0.20  # SLCA-GRPO HierR (DESIGN §3)
-    parallel: float = 0.30  # SLCA-GRPO HierR (DESIGN §3)
+    format: float = 0.10  # valid call blocks / call blocks
+    name_f1: float = 0.25  # multiset F1 of called vs gold tool names
+    key_jaccard: float = 0.15  # argument-name overlap, per gold call
+    value_match: float = 0.20  # loosely equal argument values, per gold call
+    parallel: float = 0.30  # the first step batches as many calls as the gold's
 
     def __post_init__(self) -> None:
         values = [getattr(self, f.name) for f in fields(self)]

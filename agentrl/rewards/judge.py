@@ -1,4 +1,4 @@
-"""LLM-judge summary reward (DESIGN §3): a 1–5 rating of the final answer mapped to [0, 1].
+"""LLM-judge summary reward (docs/design.md §3): a 1–5 rating of the final answer mapped to [0, 1].
 
     R_sum = (r − 1) / 4,   r ∈ {1, 2, 3, 4, 5}
 

@@ -1,4 +1,4 @@
-"""Outcome and progress rewards from per-turn checks (DESIGN §3).
+"""Outcome and progress rewards from per-turn checks (docs/design.md §3).
 
 Both take the number of turns the task *expects*, not the number the episode reached: an episode
 cut off after two of four turns must not score like a finished two-turn task.

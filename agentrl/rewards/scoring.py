@@ -1,4 +1,4 @@
-"""All rewards of one finished episode (DESIGN §3), as the ``rewards`` dict the learner reads.
+"""All rewards of one finished episode (docs/design.md §3), as the ``rewards`` dict the learner reads.
 
 ``outcome`` and ``progress`` come from the per-turn checks; ``process`` is the HierR score R_tool
 with each component logged as ``process/<name>``; ``summary`` is R_sum (the rule scorer or an LLM
@@ -64,7 +64,7 @@ def score_episode(ep: Any, task: Task, summary: str = "rule", summary_max_chars:
 
 
 def apply_summary(ep: Any, score: float) -> None:
-    """Set R_sum; an omitting episode gets the omission penalty instead (SLCA-GRPO, DESIGN §3)."""
+    """Set R_sum; an omitting episode gets the omission penalty instead (SLCA-GRPO, docs/design.md §3)."""
     ep.rewards["summary_score"] = float(score)
     ep.rewards["summary"] = OMISSION_REWARD if ep.rewards.get("omission") else float(score)
 

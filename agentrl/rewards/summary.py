@@ -1,4 +1,4 @@
-"""Offline summary reward R_sum in [0, 1] and the omission rule (DESIGN §3).
+"""Offline summary reward R_sum in [0, 1] and the omission rule (docs/design.md §3).
 
 The preferred R_sum is an LLM judge (``rewards/judge.py``); this rule-based scorer is the offline
 stand-in and the judge's fallback:
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from agentrl.rewards.hierr import TurnSteps, turn_calls
 
-OMISSION_REWARD = -0.5  # SLCA-GRPO: total summary reward of an omitting episode (DESIGN §3)
+OMISSION_REWARD = -0.5  # SLCA-GRPO: total summary reward of an omitting episode (docs/design.md §3)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""RODS: online data synthesis around the model's competence boundary (DESIGN.md §5).
+"""RODS: online data synthesis around the model's competence boundary (docs/design.md §5).
 
 Ray-free: the boundary detector and seed selection (``boundary``), the skill signature a variant
 keeps (``signature``), the synthesizer interface and the gates every variant passes

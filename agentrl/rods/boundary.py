@@ -1,4 +1,4 @@
-"""RODS boundary detector and seed selection (DESIGN.md §5), as pure functions.
+"""RODS boundary detector and seed selection (docs/design.md §5), as pure functions.
 
 The detector costs nothing: it reads the G rewards of each task's group from the training
 rollouts. For a group with mean progress reward r̄ in [0, 1]:

@@ -40,8 +40,8 @@ def bounded(schema: Any, max_chars: int, max_items: int) -> Any:
         return [bounded(s, max_chars, max_items) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: bounded(v, max_chars, max_items) if k in ("items", "additionalProperties", "anyOf", "oneOf", "allOf", "prefixItems") else v
-           for k, v in schema.items()}
+    nested = ("items", "additionalProperties", "anyOf", "oneOf", "allOf", "prefixItems")
+    out = {k: bounded(v, max_chars, max_items) if k in nested else v for k, v in schema.items()}
     if isinstance(schema.get("properties"), dict):
         out["properties"] = {k: bounded(v, max_chars, max_items) for k, v in schema["properties"].items()}
     types = schema.get("type")
@@ -260,5 +260,6 @@ Answer with the JSON object only: {"message": "..."}."""
 
 
 def miss_param_messages(message: str, param: str, value: Any) -> list[dict[str, str]]:
+    shown = json.dumps(value, ensure_ascii=False)
     return [{"role": "system", "content": MISS_PARAM_SYSTEM},
-            {"role": "user", "content": f"Message: {message!r}\nLeave out the {param} ({json.dumps(value, ensure_ascii=False)})."}]
+            {"role": "user", "content": f"Message: {message!r}\nLeave out the {param} ({shown})."}]

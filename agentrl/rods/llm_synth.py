@@ -1,4 +1,4 @@
-"""The ``llm`` synthesizer of RODS (DESIGN.md §5): five LLM-driven stages per variant of a seed.
+"""The ``llm`` synthesizer of RODS (docs/design.md §5): five LLM-driven stages per variant of a seed.
 
 1. **Plan** — the LLM proposes 2-5 user turns of 1-3 calls each (the calls of a turn go to tools
    of one backend class), restricted to the seed's visible tools minus the blocklist, with their
@@ -57,8 +57,21 @@ from agentrl.envs.base import is_error
 from agentrl.envs.checker import canonical, gold_replay
 from agentrl.envs.registry import make_backend
 from agentrl.rods import llm_prompts as P
-from agentrl.rods.llm_checks import (RefError, apply_patch, calls_with_producers, extends, names_function, oversized, resolve_refs,
-                                     said_in, scalars, signature_text, tool_classes_of, unstated_value, walk)
+from agentrl.rods.llm_checks import (
+    RefError,
+    apply_patch,
+    calls_with_producers,
+    extends,
+    names_function,
+    oversized,
+    resolve_refs,
+    said_in,
+    scalars,
+    signature_text,
+    tool_classes_of,
+    unstated_value,
+    walk,
+)
 from agentrl.rods.synthesizer import SynthesisResult, accept_variant, text_key
 from agentrl.tasks.schema import Provenance, Task, ToolCall, ToolSpec, Turn
 
@@ -218,7 +231,8 @@ class LLMSynthesizer:
         state = copy.deepcopy(ctx.seed.initial_state)
         blocked: list[str] = []
         feedback: list[str] = []
-        limits = {"min_turns": 2, "max_turns": 5, "max_calls": 3, "max_chars": cfg.max_string_chars, "max_items": cfg.max_list_items}
+        limits = {"min_turns": 2, "max_turns": 5, "max_calls": 3, "max_chars": cfg.max_string_chars,
+                  "max_items": cfg.max_list_items}
         for _ in range(cfg.max_attempts):
             tools = [t for t in ctx.tools if t.name not in blocked]
             if not tools:

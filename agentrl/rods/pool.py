@@ -1,4 +1,4 @@
-"""The RODS active task pool (DESIGN.md §5): seeds plus synthesized variants, moving with the policy.
+"""The RODS active task pool (docs/design.md §5): seeds plus synthesized variants, moving with the policy.
 
 Plain Python, no Ray: the synthesis actor holds one ``ActivePool`` and calls it from the driver's
 RPCs; tests drive it directly. Life of a task:
@@ -250,7 +250,8 @@ class ActivePool:
         """The pool ``state_dict`` describes. ``resume``: for a new run continuing from it (steps
         restart at 1), so cooldowns are moved to the new step count."""
         entries = [PoolEntry.from_dict(d) for d in state["entries"]]
-        pool = cls([e.task for e in entries if e.kind == "seed"] or [entries[0].task], cfg, tasks_per_step, forbidden_texts, log=log)
+        seeds = [e.task for e in entries if e.kind == "seed"] or [entries[0].task]
+        pool = cls(seeds, cfg, tasks_per_step, forbidden_texts, log=log)
         pool.entries = {e.task.id: e for e in entries}
         pool.pending = [Task.model_validate(t) for t in state["pending"]]
         pool.known_keys = {tuple(k) for k in state["known_keys"]}

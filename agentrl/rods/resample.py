@@ -1,4 +1,4 @@
-"""The ``resample`` synthesizer (RODS offline default, DESIGN.md §5): same skill signature, new
+"""The ``resample`` synthesizer (RODS offline default, docs/design.md §5): same skill signature, new
 plan and values, no LLM.
 
 Builtin tasks: the seeded generator draws tasks of the seed's shape (category, domain classes,

@@ -1,4 +1,4 @@
-"""The ``resample`` synthesizer for BFCL tasks (DESIGN.md §5): consistent literal substitution.
+"""The ``resample`` synthesizer for BFCL tasks (docs/design.md §5): consistent literal substitution.
 
 BFCL has no generator of user language, so a variant keeps the seed's wording and plan and
 changes the values the user states; deterministic given (seed, rng_seed).
@@ -185,7 +185,8 @@ class BFCLResampler:
     def _mapping(self, task: Task, lits: dict[str, dict[str, Any]], rng: random.Random, keep: float) -> dict[str, str]:
         blob = "\n".join([t.user for t in task.turns] + [f for t in task.turns for f in t.answer_facts]
                          + [json.dumps(task.initial_state, ensure_ascii=False)]
-                         + [json.dumps(c.arguments, ensure_ascii=False) for u in range(len(task.turns)) for c in task.gold_calls(u)])
+                         + [json.dumps(c.arguments, ensure_ascii=False)
+                            for u in range(len(task.turns)) for c in task.gold_calls(u)])
         drawn: dict[str, str] = {}
         for render, lit in lits.items():
             new = self._draw(render, lit, rng, lambda d: d not in drawn.values() and not re.search(_token(d), blob))
@@ -217,7 +218,8 @@ class BFCLResampler:
 
         restore = _restore_message()
         turns = [Turn(user=t.user if t.user == restore else fix_text(t.user), withheld_tools=list(t.withheld_tools),
-                      gold=[[ToolCall(name=c.name, arguments=_deep(c.arguments, fix_str, fix_num)) for c in step] for step in t.gold],
+                      gold=[[ToolCall(name=c.name, arguments=_deep(c.arguments, fix_str, fix_num)) for c in step]
+                            for step in t.gold],
                       answer_facts=[fix_text(f) for f in t.answer_facts]) for t in task.turns]
         state = {**task.initial_state, "initial_config": _deep(task.initial_state.get("initial_config") or {}, fix_str, fix_num)}
         return Task(id="pending", domain=task.domain, category=task.category, tools=[t.model_copy(deep=True) for t in task.tools],
@@ -274,7 +276,8 @@ class BFCLResampler:
             mapping = self._mapping(base, lits, rng, keep=min(0.75, 0.125 * streak))
             try:
                 cand, reason = (None, "no_fresh_values") if not mapping else self.execute(base, self.apply(base, lits, mapping))
-                reason = reason or accept_variant(cand, known) or (None if skill_signature(cand) == target else "signature_mismatch")
+                reason = (reason or accept_variant(cand, known)
+                          or (None if skill_signature(cand) == target else "signature_mismatch"))
             except Exception:  # noqa: BLE001 - e.g. a class that rejects the renamed scenario
                 reason = "reexecution_failed"
             if reason is not None:

@@ -1,4 +1,4 @@
-"""Skill signature of a task (DESIGN.md §5): what a synthesized variant must keep.
+"""Skill signature of a task (docs/design.md §5): what a synthesized variant must keep.
 
 Two tasks with the same signature exercise the same skills: the same backend classes, the same
 number of turns and calls per turn, the same data-flow graph between gold calls, the same

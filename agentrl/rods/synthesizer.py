@@ -1,4 +1,4 @@
-"""The synthesizer interface and the gates every synthesized task passes (DESIGN.md §5).
+"""The synthesizer interface and the gates every synthesized task passes (docs/design.md §5).
 
 A synthesizer turns one boundary *seed* task into candidate variants. Whatever produced them
 (``resample`` without an LLM, ``llm`` with one), a candidate enters the pool only through

@@ -89,17 +89,21 @@ def build_batch(groups: list[dict], algo, kl_per_token: list[list[float]] | None
             signal += int(bool((a_tool != 0).any() or (a_sum != 0).any()))
             has_sum_total += int(has_sum.sum())
         elif name == "gigpo":
-            srs = [torch.tensor(step_rewards(e["turn_passed"], e["n_turns"], e["step_turns"], reward_key), dtype=torch.float32) for e in eps]
+            srs = [torch.tensor(step_rewards(e["turn_passed"], e["n_turns"], e["step_turns"], reward_key), dtype=torch.float32)
+                   for e in eps]
             for sr, e, k in zip(srs, eps, kls):  # KL-in-reward: charged at the episode's last step
                 if kl_coef and sr.numel():
                     sr[-1] -= kl_coef * _kl_sum(k, e["response_mask"])
-            step_adv = gigpo(rewards, srs, _state_ids([e["step_states"] for e in eps]), algo.gigpo.omega, algo.gigpo.gamma, algo.eps)
-            per_token = [steps_to_tokens(a, [tuple(sp) for sp in e["step_spans"]], len(e["token_ids"])) for a, e in zip(step_adv, eps)]
+            state_ids = _state_ids([e["step_states"] for e in eps])
+            step_adv = gigpo(rewards, srs, state_ids, algo.gigpo.omega, algo.gigpo.gamma, algo.eps)
+            per_token = [steps_to_tokens(a, [tuple(sp) for sp in e["step_spans"]], len(e["token_ids"]))
+                         for a, e in zip(step_adv, eps)]
             signal += int(bool((rewards != rewards[0]).any()))
         elif name == "turn_grpo":  # (kl_in=reward is rejected by the config: the verdicts are the reward)
             reached = [turns_reached(e["turn_passed"], e["step_turns"]) for e in eps]
             turn_adv = turn_grpo([e["turn_passed"] for e in eps], reached, algo.eps)
-            per_token = [steps_to_tokens(turns_to_steps(a, e["step_turns"]), [tuple(sp) for sp in e["step_spans"]], len(e["token_ids"]))
+            per_token = [steps_to_tokens(turns_to_steps(a, e["step_turns"]), [tuple(sp) for sp in e["step_spans"]],
+                                         len(e["token_ids"]))
                          for a, e in zip(turn_adv, eps)]
             signal += int(any(bool((a != 0).any()) for a in turn_adv))
         elif name == "ppo":
@@ -120,7 +124,8 @@ def build_batch(groups: list[dict], algo, kl_per_token: list[list[float]] | None
             per_token = [a * torch.tensor(e["response_mask"], dtype=torch.float32) for a, e in zip(adv, eps)]
             signal += int(bool((adv != 0).any()))
         else:
-            raise ValueError(f"algo.advantage={name!r} has no batch builder; known: {', '.join(EPISODE_LEVEL)}, gigpo, turn_grpo, slca, ppo")
+            raise ValueError(f"algo.advantage={name!r} has no batch builder; "
+                             f"known: {', '.join(EPISODE_LEVEL)}, gigpo, turn_grpo, slca, ppo")
         for e, t in zip(eps, per_token):
             batch["input_ids"].append(e["token_ids"])
             batch["response_mask"].append(e["response_mask"])

@@ -130,7 +130,8 @@ class Trainer:
         self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=rt.learner_gpus).remote(
             model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature)
         starts = ray.get([w.start.remote() for w in self.workers])
-        print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{ray.get(self.learner.get_version.remote())})", flush=True)
+        learner_version = ray.get(self.learner.get_version.remote())
+        print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{learner_version})", flush=True)
         self.sync = make_weight_sync(rt.weight_sync, self.learner, self.workers)
         self.metrics = MetricsSink(run_dir, cfg.telemetry, cfg.run.name)
         self.progress = ProgressLine(cfg.train.steps, live=None if cfg.telemetry.progress else False)
@@ -170,7 +171,8 @@ class Trainer:
         else:
             tasks = self.sampler.next(cfg.rollout.tasks_per_step)
         return [
-            w.rollout.remote(shard, cfg.rollout.group_size, cfg.rollout.temperature, cfg.rollout.top_p, cfg.run.seed * 100_003 + step * 101 + i)
+            w.rollout.remote(shard, cfg.rollout.group_size, cfg.rollout.temperature, cfg.rollout.top_p,
+                             cfg.run.seed * 100_003 + step * 101 + i)
             for i, (w, shard) in enumerate(zip(self.workers, _shard(tasks, len(self.workers))))
             if shard
         ]
@@ -245,7 +247,8 @@ class Trainer:
             "perf/tokens_per_s": tokens / max(t_gen, 1e-9),
             "train/calls_per_episode": sum(s["calls"] for s in summaries) / n,
             "train/valid_call_fraction": sum(s["valid_calls"] for s in summaries) / max(1, sum(s["calls"] for s in summaries)),
-            "train/redundant_call_fraction": sum(s["redundant_calls"] for s in summaries) / max(1, sum(s["valid_calls"] for s in summaries)),
+            "train/redundant_call_fraction": (sum(s["redundant_calls"] for s in summaries)
+                                              / max(1, sum(s["valid_calls"] for s in summaries))),
             "time/generate": t_gen,
             "time/rollout_wait": t_wait,  # generation time not hidden behind learning
             "time/learn": t_learn,
@@ -353,7 +356,9 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
         if cfg.train.eval_at_start:
             evals["start"] = trainer.evaluate()
             trainer.metrics.log(0, {f"eval/{k}": v for k, v in evals["start"].items()})
-            print(f"held-out at start: success {evals['start']['success']:.2f} on {int(evals['start']['episodes'])} tasks ({evals['start']['seconds']:.0f}s)", flush=True)
+            start = evals["start"]
+            print(f"held-out at start: success {start['success']:.2f} on {int(start['episodes'])} tasks "
+                  f"({start['seconds']:.0f}s)", flush=True)
         deadline = trainer.deadline = t_start + cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
         for step in range(1, cfg.train.steps + 1):
             m = trainer.step(step, last=step == cfg.train.steps)
@@ -383,7 +388,8 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
     write_report(run_dir)
     print(f"training took {(time.perf_counter() - t_start) / 60:.1f} min; metrics in {run_dir}", flush=True)
     if evals:
-        eval_table("held-out evaluation (greedy)", {row: {k: v for k, v in e.items() if "/" not in k} for row, e in evals.items()})
+        eval_table("held-out evaluation (greedy)",
+                   {row: {k: v for k, v in e.items() if "/" not in k} for row, e in evals.items()})
         eval_table("held-out success by category, and behaviour rates", {
             row: {k: v for k, v in e.items() if "/" in k} for row, e in evals.items()})
     if "start" in evals and "end" in evals:

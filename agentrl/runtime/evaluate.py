@@ -51,7 +51,8 @@ def first_per_category(tasks: list, limit: int | None) -> list:
     return out
 
 
-def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path, limit: int | None = None) -> dict[str, tuple[int, float]]:
+def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path,
+             limit: int | None = None) -> dict[str, tuple[int, float]]:
     from agentrl.runtime.driver import _init_ray, _model_path, _shard
     from agentrl.runtime.rollout_worker import RolloutWorker
     from agentrl.runtime.simulator_pool import SimulatorPool, start_sgls_server

@@ -53,8 +53,9 @@ class LearnerActor:
     def _rollout_kl(self, groups: list[dict]) -> list[list[float]]:
         """Per-token KL estimate of the behaviour policy against the reference, for KL in the
         reward: the rollout logprobs are the samples' own (what the reward should charge for)."""
-        from agentrl.algos.losses import kl_penalty
         import torch
+
+        from agentrl.algos.losses import kl_penalty
 
         episodes = [e for g in groups for e in g["episodes"]]
         refs = self.learner.reference_logprobs([e["token_ids"] for e in episodes])

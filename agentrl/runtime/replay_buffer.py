@@ -45,4 +45,5 @@ class ReplayBuffer:
         return out
 
     def stats(self) -> dict[str, int]:
-        return {"size": len(self.items), "added": self.added, "dropped_stale": self.dropped_stale, "dropped_full": self.dropped_full}
+        return {"size": len(self.items), "added": self.added, "dropped_stale": self.dropped_stale,
+                "dropped_full": self.dropped_full}

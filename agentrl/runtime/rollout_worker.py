@@ -156,7 +156,8 @@ class RolloutWorker:
         ep.group_id = group_id
         return ep
 
-    async def rollout(self, tasks: list[Task], group_size: int, temperature: float, top_p: float, tag: int) -> tuple[list[dict], list]:
+    async def rollout(self, tasks: list[Task], group_size: int, temperature: float, top_p: float,
+                      tag: int) -> tuple[list[dict], list]:
         """G episodes per task, all concurrent. Returns (small summaries, [object ref per group])."""
         from agentrl.engines.vllm_engine import SamplingConfig
 

@@ -1,4 +1,4 @@
-"""SynthesisActor: the RODS active pool and its synthesizer, as one Ray actor (DESIGN.md §5).
+"""SynthesisActor: the RODS active pool and its synthesizer, as one Ray actor (docs/design.md §5).
 
 The driver talks to it three times a step, all cheap: ``sample`` (training tasks from the pool),
 ``observe`` (the group rewards of the batch just rolled out; fire-and-forget) and ``report``

@@ -156,7 +156,8 @@ def _tau2_source(spec: str) -> list[Task]:
     parts = spec.split(":")
     domain, split = parts[1] if len(parts) > 1 else "", parts[2] if len(parts) > 2 else "test"
     if len(parts) > 3 or domain not in ("airline", "retail") or split not in ("train", "test", "full"):
-        raise ValueError(f"unknown task source {spec!r}: expected tau2:<airline|retail> or tau2:<airline|retail>:<train|test|full>")
+        raise ValueError(f"unknown task source {spec!r}: "
+                         "expected tau2:<airline|retail> or tau2:<airline|retail>:<train|test|full>")
     from agentrl.envs.tau2.tasks import tau2_tasks
 
     return [t.model_copy(deep=True) for t in tau2_tasks(domain, split)]

@@ -1,4 +1,4 @@
-"""The Task data contract (DESIGN.md §2): one training sample, validated on load.
+"""The Task data contract (docs/design.md §2): one training sample, validated on load.
 
 A task is a multi-turn conversation script: the user turns the agent will see, the tools it may
 call, the backend that executes them from ``initial_state``, and per turn the gold plan (a list of

@@ -179,7 +179,8 @@ class BFCLBackend:
         if self._gold is None:
             self._gold = _Instances(*self._setup)
         if turn_index < len(self._gold_results) - 1:
-            raise ValueError(f"task {self.task.id!r}: turns must be checked in order (turn {turn_index} after turn {len(self._gold_results) - 1})")
+            raise ValueError(f"task {self.task.id!r}: turns must be checked in order "
+                             f"(turn {turn_index} after turn {len(self._gold_results) - 1})")
         while len(self._gold_results) <= turn_index:
             u = len(self._gold_results)
             texts = []

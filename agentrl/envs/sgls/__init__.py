@@ -1,4 +1,4 @@
-"""SGLS — the schema-guided LLM simulator (DESIGN.md §6): a tool backend for tools that have only
+"""SGLS — the schema-guided LLM simulator (docs/design.md §6): a tool backend for tools that have only
 a JSON schema. Calls are validated deterministically, answered by an LLM acting as the API server
 under JSON-constrained decoding, checked, retried, and cached per (task, history, call) so the
 episodes of a group see the same answers. The cluster-wide server is
