@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from agentrl.algos.advantages import grpo, rloo
-from agentrl.algos.critic import gae, value_loss, whiten
+from agentrl.algos.critic import discounted_reverse_cumsum, gae, value_loss, whiten
 from agentrl.algos.gigpo import discounted_returns, gigpo, step_group_advantages, steps_to_tokens
 from agentrl.algos.losses import ppo_clip_loss
 from agentrl.algos.slca import SEG_ENV, SEG_SUMMARY, SEG_TOOL, route_segments, slca
@@ -255,6 +255,41 @@ def test_gae_ignores_env_tokens(batch, gamma, lam, data):
     adv2, ret2 = gae(noise_r, noise_v, big(mask, False), gamma, lam)
     assert close(adv2[:, keep], adv) and close(ret2[:, keep], ret)
     assert torch.all(adv2[:, env_cols] == 0) and torch.all(ret2[:, env_cols] == 0)
+
+
+def _gae_loop(r, v, m, gamma, lam):
+    """The textbook backward recursion, one position at a time: the reference for the vectorized gae."""
+    adv = torch.zeros_like(r)
+    next_v = torch.zeros(r.shape[0], dtype=r.dtype)
+    next_a = torch.zeros_like(next_v)
+    for pos in range(r.shape[1] - 1, -1, -1):
+        mt = m[:, pos]
+        a_t = r[:, pos] + gamma * next_v - v[:, pos] + gamma * lam * next_a
+        adv[:, pos] = torch.where(mt, a_t, torch.zeros_like(a_t))
+        next_v = torch.where(mt, v[:, pos], next_v)
+        next_a = torch.where(mt, a_t, next_a)
+    return adv, torch.where(m, adv + v, torch.zeros_like(adv))
+
+
+@PROPS
+@given(token_batch(max_t=12), st.floats(0, 1), st.floats(0, 1))
+def test_gae_equals_the_backward_recursion(batch, gamma, lam):
+    mat, mask = batch
+    r, v = mat(-3, 3), mat(-3, 3)
+    adv, ret = gae(r, v, mask, gamma, lam)
+    ref_adv, ref_ret = _gae_loop(r, v, mask, gamma, lam)
+    assert close(adv, ref_adv) and close(ret, ref_ret)
+
+
+def test_gae_on_long_rows_spans_chunks():
+    # rows longer than the scan's chunk (64) with env tokens spread over them: same as the recursion
+    g = torch.Generator().manual_seed(0)
+    r, v = torch.randn(3, 700, generator=g), torch.randn(3, 700, generator=g)
+    m = torch.rand(3, 700, generator=g) < 0.7
+    adv, ret = gae(r, v, m, 0.99, 0.95)
+    ref_adv, ref_ret = _gae_loop(r, v, m, 0.99, 0.95)
+    assert torch.allclose(adv, ref_adv, atol=1e-4) and torch.allclose(ret, ref_ret, atol=1e-4)
+    assert torch.allclose(discounted_reverse_cumsum(torch.ones(1, 600), 1.0), torch.arange(600, 0, -1.0)[None])
 
 
 def _row_splits(data, b):

@@ -20,6 +20,30 @@ def _check_same(**tensors: Tensor) -> None:
         raise ValueError(f"expected [B, T] tensors of one shape, got {shapes}")
 
 
+def discounted_reverse_cumsum(x: Tensor, factor: float, chunk: int = 64) -> Tensor:
+    """y_t = sum_{k >= t} factor^(k - t) * x_k along dim 1 of a [B, T] tensor.
+
+    A reverse scan done chunk by chunk: inside a chunk of C positions one [C, C] triangular matrix
+    product, across chunks the carried y at the chunk's end (y_t += factor^(end - t) * y_end).
+    T / C Python steps instead of T, and [C, C] memory however long the rows are.
+    """
+    out = torch.empty_like(x)
+    carry = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+    size = min(chunk, x.shape[1])
+    i = torch.arange(size, device=x.device)
+    lag = i[None, :] - i[:, None]  # [t, k] -> k - t
+    base = torch.tensor(factor, dtype=x.dtype, device=x.device)
+    weights = torch.where(lag >= 0, base ** lag.clamp(min=0), 0.0)  # one chunk's matrix; a shorter chunk uses its corner
+    reach = base ** (size - i).to(x.dtype)  # factor^(chunk end - t)
+    for end in range(x.shape[1], 0, -size):
+        start = max(0, end - size)
+        n = end - start
+        seg = x[:, start:end] @ weights[:n, :n].T + carry[:, None] * reach[size - n:][None, :]
+        out[:, start:end] = seg
+        carry = seg[:, 0]
+    return out
+
+
 @torch.no_grad()
 def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
     """Generalized advantage estimation over the policy tokens of each row: (advantages, returns).
@@ -27,23 +51,30 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
     For policy positions t < t' consecutive in the row (t' = next position with mask 1):
         delta_t = r_t + gamma * V_t' - V_t          (V_t' = 0 after the last policy token)
         A_t     = delta_t + gamma * lam * A_t'      (A_t' = 0 after the last policy token)
+                = sum_{j >= 0} (gamma * lam)^j * delta_{t_j}   (t_0 = t, t_{j+1} = t_j')
         R_t     = A_t + V_t
     Rewards and values at mask-0 positions are ignored, so put the reward on a policy token (the
     last one, usually). Outputs are float32-or-wider, 0 off-mask, and carry no gradient.
+
+    Vectorized: each row's policy tokens are packed to the front in order, the deltas are
+    computed on the packed rows, A is a discounted reverse cumsum of them
+    (``discounted_reverse_cumsum``), and the result is scattered back to the original positions.
     """
     _check_same(rewards=rewards, values=values, mask=mask)
     dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
     r, v, m = rewards.to(dtype), values.to(dtype), mask.bool()
-    adv = torch.zeros_like(r)
-    next_v = torch.zeros(r.shape[0], dtype=dtype, device=r.device)
-    next_a = torch.zeros_like(next_v)
-    # Backward over T, vectorized over B; at env tokens the carried (next_v, next_a) pass through.
-    for t in range(r.shape[1] - 1, -1, -1):
-        mt = m[:, t]
-        a_t = r[:, t] + gamma * next_v - v[:, t] + gamma * lam * next_a
-        adv[:, t] = torch.where(mt, a_t, torch.zeros_like(a_t))
-        next_v = torch.where(mt, v[:, t], next_v)
-        next_a = torch.where(mt, a_t, next_a)
+    # where each position goes when a row's policy tokens are packed to the front in order (and
+    # its other tokens behind them): a permutation, so scatter packs and gather unpacks
+    cs = m.long().cumsum(dim=1)
+    n = cs[:, -1:]
+    pos = torch.arange(r.shape[1], device=r.device)[None, :]
+    dest = torch.where(m, cs - 1, n + pos - cs)
+    live = pos < n
+    r_p = torch.zeros_like(r).scatter_(1, dest, r) * live
+    v_p = torch.zeros_like(v).scatter_(1, dest, v) * live
+    v_next = torch.cat([v_p[:, 1:], torch.zeros_like(v_p[:, :1])], dim=1) * (pos + 1 < n)
+    adv_p = discounted_reverse_cumsum(r_p + gamma * v_next - v_p, gamma * lam)
+    adv = torch.where(m, adv_p.gather(1, dest), torch.zeros_like(r))
     returns = torch.where(m, adv + v, torch.zeros_like(adv))
     return adv, returns
 
