@@ -1,0 +1,213 @@
+"""The advantage-estimator registry: every ``algo.advantage`` name, what it needs, and its code.
+
+An estimator is a class registered with ``@register_estimator``: its class attributes are its
+row in the name table (``name``, a one-line ``description`` for the configuration reference, and
+four flags the config and the learner read), and its one method ``compute`` turns the episodes
+of ONE group into per-token advantages (per-token rewards for a critic estimator) plus a
+"has signal" flag. ``runtime.batching.build_batch`` looks the configured name up here and does
+the shared rest: KL in the reward, flattening into the learner's batch, the statistics.
+
+The built-in estimators live in ``agentrl/algos/estimators.py`` (loaded on first use); a run can
+add its own with ``algo.plugins``: Python modules, or paths of ``.py`` files, imported (once per
+process) when the config is validated and again wherever the estimator is looked up through the
+config (``estimator_for``), which is how the learner's Ray actor, a process of its own, sees them.
+See docs/design.md §9.
+
+This module imports neither torch nor Ray: ``agentrl.config`` validates ``algo.advantage`` and
+its prerequisites against this table on machines without either. Modules that register
+estimators and are imported during validation (the built-in one, plugins meant to validate
+without torch) import torch inside ``compute``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+FLAGS = ("needs_critic", "needs_summary_reward", "reads_turn_verdicts", "allows_kl_in_reward")
+
+
+class GroupAdvantages(NamedTuple):
+    """What ``Estimator.compute`` returns for one group."""
+
+    # One 1-D float tensor per episode, of the episode's length (len(token_ids)): the advantage
+    # of each token (the reward of each token for a critic estimator). Values off the policy
+    # tokens are ignored (the batch keeps only response_mask = 1 positions).
+    per_token: list[Tensor]
+    # Whether the group carries a learning signal (its advantages are not all 0); counted into the
+    # ``groups_with_signal`` statistic.
+    has_signal: bool
+
+
+class Estimator:
+    """Base class of an advantage estimator; subclass it, set the class attributes, implement
+    ``compute``, decorate with ``@register_estimator``.
+
+    Class attributes (the estimator's row in the name table):
+
+    * ``name``: the ``algo.advantage`` value that selects it;
+    * ``description``: one line for the configuration reference;
+    * ``needs_critic``: ``compute`` returns per-token *rewards*; the learner builds a critic
+      (``algo.critic`` must be set) and turns them into advantages with GAE (docs/design.md §4);
+    * ``needs_summary_reward``: reads the summary reward R_sum (``rewards.summary`` must not be
+      ``none``); ``build_batch`` then reports ``episodes_with_summary``;
+    * ``reads_turn_verdicts``: reads the checker's per-turn verdicts (``turn_passed``), which
+      ``algo.shuffle_rewards`` would leave attached to their episodes, so the config refuses it;
+    * ``allows_kl_in_reward``: ``algo.kl_in=reward`` is meaningful for it (it builds advantages
+      from the episode reward ``episode_rewards`` gives, less the ``kl_penalty``); when False
+      the config refuses ``kl_in=reward``.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    needs_critic: ClassVar[bool] = False
+    needs_summary_reward: ClassVar[bool] = False
+    reads_turn_verdicts: ClassVar[bool] = False
+    allows_kl_in_reward: ClassVar[bool] = True
+
+    def compute(self, episodes: list[dict], algo: Any, kl_penalty: list[float] | None = None) -> GroupAdvantages:
+        """Per-token advantages of ONE group.
+
+        ``episodes``: the group's episode dicts (``Episode.to_dict()``, docs/design.md §2), in
+        group order; ``algo``: the ``AlgoConfig``; ``kl_penalty``: with ``algo.kl_in=reward``,
+        the KL charge of each episode (``algo.kl_coef`` times the sum of its per-token KL
+        estimates over its policy tokens) to subtract from the episode's reward, else None. A
+        critic estimator may ignore it for its token rewards: ``build_batch`` subtracts the
+        per-token KL from those itself.
+        """
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<estimator {self.name!r} ({type(self).__module__}.{type(self).__qualname__})>"
+
+
+_REGISTRY: dict[str, Estimator] = {}
+_BUILTINS = "agentrl.algos.estimators"
+_PLUGIN_FILES: dict[str, str] = {}  # resolved .py path -> module name it was imported under
+
+
+def register_estimator(cls: type[Estimator]) -> type[Estimator]:
+    """Class decorator: add an ``Estimator`` subclass to the table under ``cls.name``.
+
+    The row is checked here (a name, a one-line description, boolean flags, a ``compute`` of its
+    own), so a broken estimator fails when its module is imported, not in the middle of a run.
+    Registering a different class under a taken name is an error; the same class again (its
+    module imported a second time) replaces the entry.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Estimator)):
+        raise TypeError(f"@register_estimator needs an Estimator subclass, got {cls!r}")
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    name = cls.name
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"estimator {where}: name must be an identifier-like string, got {name!r}")
+    desc = cls.description
+    if not isinstance(desc, str) or not desc.strip() or "\n" in desc:
+        raise ValueError(f"estimator {where}: description must be one non-empty line, got {desc!r}")
+    for flag in FLAGS:
+        if not isinstance(getattr(cls, flag), bool):
+            raise TypeError(f"estimator {where}: {flag} must be a bool, got {getattr(cls, flag)!r}")
+    if cls.compute is Estimator.compute:
+        raise TypeError(f"estimator {where}: implement compute(episodes, algo, kl_penalty)")
+    _load_builtins()  # a plugin registered first must still clash with a built-in name
+    old = _REGISTRY.get(name)
+    if old is not None and (type(old).__module__, type(old).__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"advantage estimator {name!r} is already registered by {type(old).__module__}."
+                         f"{type(old).__qualname__}; pick another name for {where}")
+    _REGISTRY[name] = cls()
+    return cls
+
+
+def _load_builtins() -> None:
+    if _BUILTINS not in sys.modules:
+        importlib.import_module(_BUILTINS)
+
+
+def estimator_names() -> list[str]:
+    """Every registered name, built-ins first, in registration order."""
+    _load_builtins()
+    return list(_REGISTRY)
+
+
+def builtin_estimator_names() -> list[str]:
+    """The names registered by agentrl itself (``agentrl/algos/estimators.py``), in order."""
+    _load_builtins()
+    return [name for name, est in _REGISTRY.items() if type(est).__module__ == _BUILTINS]
+
+
+def get_estimator(name: str) -> Estimator:
+    """The registered estimator called ``name``; KeyError with a hint and the known names."""
+    _load_builtins()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(unknown_estimator_message(name)) from None
+
+
+def unknown_estimator_message(name: str) -> str:
+    known = sorted(_REGISTRY)
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return f"unknown advantage estimator '{name}' ({hint}known: {', '.join(known)})"
+
+
+def load_plugins(plugins: Iterable[str]) -> None:
+    """Import every plugin once in this process: a dotted module name (``my_pkg.estimators``,
+    importable here) or the path of a ``.py`` file (a path ending in ``.py`` or containing a
+    path separator). Importing runs the module's ``@register_estimator`` decorators. A file
+    already imported as a module (by path) is not imported again. Any failure becomes a
+    ValueError naming the plugin."""
+    _load_builtins()
+    for plugin in plugins:
+        try:
+            if plugin.endswith(".py") or os.sep in plugin or (os.altsep and os.altsep in plugin):
+                _import_file(plugin)
+            else:
+                importlib.import_module(plugin)
+        except Exception as err:  # ImportError, SyntaxError, a registration error, ...
+            raise ValueError(f"cannot import estimator plugin {plugin!r}: {type(err).__name__}: {err}") from err
+
+
+def _import_file(path: str) -> None:
+    resolved = os.path.realpath(path)
+    if resolved in _PLUGIN_FILES:
+        return
+    if not os.path.isfile(resolved):
+        raise FileNotFoundError(f"no such file: {resolved}")
+    for module in list(sys.modules.values()):  # already imported (e.g. a test module under pytest)
+        file = getattr(module, "__file__", None)
+        if file and os.path.realpath(file) == resolved:
+            _PLUGIN_FILES[resolved] = module.__name__
+            return
+    stem = os.path.splitext(os.path.basename(resolved))[0]
+    name = f"agentrl_plugin_{stem}_{hashlib.sha1(resolved.encode()).hexdigest()[:8]}"
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {resolved} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    _PLUGIN_FILES[resolved] = name
+
+
+def estimator_for(algo: Any) -> Estimator:
+    """The estimator an ``AlgoConfig`` selects, its plugins imported into this process first (a
+    config validated in the driver reaches a Ray actor unpickled, without re-validation)."""
+    load_plugins(getattr(algo, "plugins", ()) or ())
+    return get_estimator(algo.advantage)
+
+
+__all__ = ["FLAGS", "Estimator", "GroupAdvantages", "builtin_estimator_names", "estimator_for", "estimator_names",
+           "get_estimator", "load_plugins", "register_estimator", "unknown_estimator_message"]
