@@ -26,6 +26,7 @@ import annotated_types as at
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from agentrl.algos.registry import builtin_estimator_names, get_estimator
 from agentrl.config import schema
 from agentrl.config.schema import Config
 
@@ -200,6 +201,27 @@ def section_names() -> list[str]:
     return [name for name, _ in _sections(Config)]
 
 
+_NEEDS = {
+    "needs_critic": "needs `algo.critic`",
+    "needs_summary_reward": "needs `rewards.summary` ≠ `none`",
+    "reads_turn_verdicts": "reads per-turn verdicts: refuses `algo.shuffle_rewards`",
+}
+
+
+def estimators_markdown() -> str:
+    """The built-in ``algo.advantage`` values with their one-line descriptions and prerequisites,
+    from the estimator registry (agentrl/algos/registry.py)."""
+    lines = ["Built-in advantage estimators (`algo.advantage`; docs/design.md §4, and §9 to add one):", ""]
+    for name in builtin_estimator_names():  # not plugins: the reference is the same in every process
+        est = get_estimator(name)
+        needs = [text for flag, text in _NEEDS.items() if getattr(est, flag)]
+        if not est.allows_kl_in_reward:
+            needs.append("refuses `algo.kl_in=reward`")
+        tail = f" — {'; '.join(needs)}" if needs else ""
+        lines.append(f"* `{name}`: {_cell(est.description, prose=True)}{tail}")
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
     """The whole reference as Markdown."""
     comments = field_comments()
@@ -217,6 +239,8 @@ def render() -> str:
             kind = describe_type(ann, list(field.metadata))
             rows.append(f"| `{dotted}.{name}` | {_cell(kind)} | {_cell(default)} | {_cell(meaning.strip(), prose=True)} |")
         parts.append(f"## `{dotted}`\n\n" + "\n".join(rows) + "\n")
+        if dotted == "algo":
+            parts.append(estimators_markdown())
     return "\n".join(parts)
 
 

@@ -15,14 +15,16 @@ is loaded, and config files are checked in CI machines that have neither.
 
 from __future__ import annotations
 
-import difflib
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
-# Advantage estimators ``algo.advantage`` accepts: the ones ``agentrl.runtime.batching`` builds
-# (tests/test_batching.py checks the two agree). Kept here so validating a config needs no torch.
-KNOWN_ADVANTAGES: set[str] = {"grpo", "dr_grpo", "rloo", "raft", "gigpo", "turn_grpo", "ppo", "slca"}
+from agentrl.algos import registry
+
+# Advantage estimators: names, descriptions and prerequisites come from the estimator registry
+# (agentrl/algos/registry.py, built-ins in agentrl/algos/estimators.py; torch-free, like this
+# module). KNOWN_ADVANTAGES holds the built-in names; ``algo.plugins`` can register more.
+KNOWN_ADVANTAGES: set[str] = set(registry.builtin_estimator_names())
 
 # Reusable strict field types. ``allow_inf_nan=False``: a NaN learning rate is never intended.
 NonNegInt = Annotated[int, Strict(), Field(ge=0)]
@@ -217,10 +219,12 @@ class AlgoConfig(Section):
     # Reward the advantages are computed from: "progress" (turns passed / turns, docs/design.md §3; denser,
     # as RODS uses) or "outcome" (1 only when every turn passes). SLCA uses rewards.* instead.
     reward: Literal["progress", "outcome"] = "progress"
-    # Advantage estimator: grpo, dr_grpo, rloo, raft (1 on the group's best episodes, 0 else),
-    # gigpo (episode + step groups), turn_grpo (each user turn's own pass/fail, among episodes
-    # that passed every earlier turn), ppo (needs algo.critic), slca (segment-locked; needs
-    # rewards.summary).
+    # Estimator plugins: Python modules (dotted names) or .py file paths whose @register_estimator
+    # classes add advantage estimators (docs/design.md §9). Imported when the config is validated
+    # and in the learner's process, so they must exist wherever the learner runs.
+    plugins: list[NonEmptyStr] = Field(default_factory=list)
+    # Advantage estimator, by name: a built-in one (listed below this table, with what each needs)
+    # or one registered by algo.plugins.
     advantage: NonEmptyStr = "grpo"
     # Added to the group std before dividing (docs/design.md §4).
     eps: PosFloat = 1e-6
@@ -255,32 +259,38 @@ class AlgoConfig(Section):
     gigpo: GiGPOConfig = Field(default_factory=GiGPOConfig)
     # SLCA settings (used when advantage = slca).
     slca: SLCAConfig = Field(default_factory=SLCAConfig)
-    # Critic for advantage = ppo; null = no critic.
+    # Critic (value model) of an estimator that needs one (advantage = ppo); null = no critic.
     critic: CriticConfig | None = None
+
+    @field_validator("plugins")
+    @classmethod
+    def _import_plugins(cls, value: list[str]) -> list[str]:
+        registry.load_plugins(value)  # before algo.advantage is checked: fields validate in order
+        return value
 
     @field_validator("advantage")
     @classmethod
     def _known_advantage(cls, value: str) -> str:
-        if value not in KNOWN_ADVANTAGES:
-            close = difflib.get_close_matches(value, sorted(KNOWN_ADVANTAGES), n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            known = ", ".join(sorted(KNOWN_ADVANTAGES))
-            raise ValueError(f"unknown advantage estimator '{value}' ({hint}known: {known})")
+        if value not in registry.estimator_names():
+            raise ValueError(registry.unknown_estimator_message(value))
         return value
 
     @model_validator(mode="after")
     def _estimator_needs(self) -> "AlgoConfig":
-        if self.advantage == "ppo" and self.critic is None:
-            raise ValueError("algo.advantage=ppo needs a critic: set algo.critic (e.g. algo.critic.lr=1e-5)")
-        if self.advantage == "slca" and self.kl_in == "reward":
-            raise ValueError("algo.kl_in=reward is not defined for algo.advantage=slca (two rewards); use kl_in=loss")
-        if self.shuffle_rewards and self.advantage in ("gigpo", "turn_grpo", "ppo"):
-            raise ValueError(f"algo.shuffle_rewards is not defined for algo.advantage={self.advantage}: it also reads the "
-                             "per-turn verdicts, which a reward permutation would leave attached; use grpo, dr_grpo, "
-                             "rloo, raft or slca")
-        if self.advantage in ("turn_grpo", "raft") and self.kl_in == "reward":
-            raise ValueError(f"algo.kl_in=reward is not defined for algo.advantage={self.advantage} (it reads the "
-                             "checker's verdicts, not a shaped reward); use kl_in=loss")
+        # what the estimator needs comes from its row in the registry (agentrl/algos/registry.py)
+        est, name = registry.get_estimator(self.advantage), self.advantage
+        if est.needs_critic and self.critic is None:
+            raise ValueError(f"algo.advantage={name} needs a critic: set algo.critic (e.g. algo.critic.lr=1e-5)")
+        if not est.allows_kl_in_reward and self.kl_in == "reward":
+            where = f"{type(est).__module__}.{type(est).__qualname__}"
+            raise ValueError(f"algo.kl_in=reward is not defined for algo.advantage={name} ({where} declares "
+                             "allows_kl_in_reward=False: its advantages do not come from one shaped episode reward); "
+                             "use kl_in=loss")
+        if self.shuffle_rewards and est.reads_turn_verdicts:
+            fine = [n for n in registry.estimator_names() if not registry.get_estimator(n).reads_turn_verdicts]
+            listed = ", ".join(fine[:-1]) + f" or {fine[-1]}" if len(fine) > 1 else ", ".join(fine)
+            raise ValueError(f"algo.shuffle_rewards is not defined for algo.advantage={name}: it also reads the "
+                             "per-turn verdicts, which a reward permutation would leave attached; use " + listed)
         return self
 
 
@@ -508,8 +518,8 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _slca_needs_summary(self) -> "Config":
-        if self.algo.advantage == "slca" and self.rewards.summary == "none":
-            raise ValueError("algo.advantage=slca needs summary scoring: set rewards.summary to rule or judge")
+        if registry.get_estimator(self.algo.advantage).needs_summary_reward and self.rewards.summary == "none":
+            raise ValueError(f"algo.advantage={self.algo.advantage} needs summary scoring: set rewards.summary to rule or judge")
         if self.rods.enabled and self.tasks.fresh_train:
             raise ValueError("rods.enabled=true needs tasks.fresh_train=false: RODS grows its pool from the tasks.train seeds")
         if self.rollout.top_p < 1.0:
