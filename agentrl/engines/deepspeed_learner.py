@@ -177,12 +177,14 @@ class DeepSpeedLearner:
         if algo_cfg.kl_coef > 0:
             ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=_TORCH_DTYPES[dtype])
             self.ref_model = ref.to(self.device).eval().requires_grad_(False)
+        from agentrl.algos.registry import estimator_for
+
         self.critic = None
-        if algo_cfg.advantage == "ppo":
+        if estimator_for(algo_cfg).needs_critic:  # the estimator's row in algos/registry.py (plugins imported here)
             from agentrl.engines.deepspeed_critic import DeepSpeedCritic
 
             if algo_cfg.critic is None:
-                raise ValueError("algo.advantage=ppo needs algo.critic")
+                raise ValueError(f"algo.advantage={algo_cfg.advantage} needs algo.critic")
             self.critic = DeepSpeedCritic(algo_cfg.critic.path or model_path, algo_cfg.critic,
                                           build_ds_config(learner_cfg, dtype), seed=seed)
         self.init_s = time.perf_counter() - t0
