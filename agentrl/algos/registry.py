@@ -159,16 +159,26 @@ def unknown_estimator_message(name: str) -> str:
     return f"unknown advantage estimator '{name}' ({hint}known: {', '.join(known)})"
 
 
+def is_plugin_file(plugin: str) -> bool:
+    """A plugin given as a file path (ends in ``.py`` or contains a path separator), not a module name."""
+    return plugin.endswith(".py") or os.sep in plugin or bool(os.altsep and os.altsep in plugin)
+
+
+def absolute_plugins(plugins: Iterable[str]) -> list[str]:
+    """File plugins as absolute paths (other processes, e.g. Ray actors, have other working
+    directories); module names unchanged."""
+    return [os.path.abspath(p) if is_plugin_file(p) else p for p in plugins]
+
+
 def load_plugins(plugins: Iterable[str]) -> None:
     """Import every plugin once in this process: a dotted module name (``my_pkg.estimators``,
-    importable here) or the path of a ``.py`` file (a path ending in ``.py`` or containing a
-    path separator). Importing runs the module's ``@register_estimator`` decorators. A file
-    already imported as a module (by path) is not imported again. Any failure becomes a
-    ValueError naming the plugin."""
+    importable here) or the path of a ``.py`` file (``is_plugin_file``). Importing runs the
+    module's ``@register_estimator`` decorators. A file already imported as a module (by path)
+    is not imported again. Any failure becomes a ValueError naming the plugin."""
     _load_builtins()
     for plugin in plugins:
         try:
-            if plugin.endswith(".py") or os.sep in plugin or (os.altsep and os.altsep in plugin):
+            if is_plugin_file(plugin):
                 _import_file(plugin)
             else:
                 importlib.import_module(plugin)
@@ -209,5 +219,6 @@ def estimator_for(algo: Any) -> Estimator:
     return get_estimator(algo.advantage)
 
 
-__all__ = ["FLAGS", "Estimator", "GroupAdvantages", "builtin_estimator_names", "estimator_for", "estimator_names",
-           "get_estimator", "load_plugins", "register_estimator", "unknown_estimator_message"]
+__all__ = ["FLAGS", "Estimator", "GroupAdvantages", "absolute_plugins", "builtin_estimator_names", "estimator_for",
+           "estimator_names", "get_estimator", "is_plugin_file", "load_plugins", "register_estimator",
+           "unknown_estimator_message"]
