@@ -152,26 +152,7 @@ class DeepSpeedLearner:
         self.pad_id = next((v for v in (cfg.pad_token_id, cfg.eos_token_id, 0) if isinstance(v, int)), 0)
         self.tied_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
 
-        optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=learner_cfg.lr,
-            betas=tuple(learner_cfg.betas),
-            eps=learner_cfg.adam_eps,
-            weight_decay=learner_cfg.weight_decay,
-        )
-        warmup = learner_cfg.warmup_steps
-
-        def lr_lambda(step: int) -> float:  # step = optimizer steps taken so far
-            return 1.0 if warmup <= 0 else min(1.0, (step + 1) / warmup)
-
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=_PolicyLogprobs(model, entropy_grad=algo_cfg.entropy_coef > 0, temperature=temperature),
-            optimizer=optimizer,
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda),
-            config=build_ds_config(learner_cfg, dtype),
-        )
-        self.engine.eval()
-        reset_prestepped_optimizer_state(self.engine)
+        self.engine = self._build_engine(model)
         self.device = self.engine.device
         self.ref_model: nn.Module | None = None
         if algo_cfg.kl_coef > 0:
@@ -188,6 +169,32 @@ class DeepSpeedLearner:
         self.init_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ helpers
+    def _build_engine(self, model: nn.Module) -> Any:
+        """The DeepSpeed engine around ``_PolicyLogprobs(model)``: AdamW, linear LR warm-up over
+        ``learner.warmup_steps``, ``build_ds_config``; Adam state as if no step was taken."""
+        lcfg = self.learner_cfg
+        optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=lcfg.lr,
+            betas=tuple(lcfg.betas),
+            eps=lcfg.adam_eps,
+            weight_decay=lcfg.weight_decay,
+        )
+        warmup = lcfg.warmup_steps
+
+        def lr_lambda(step: int) -> float:  # step = optimizer steps taken so far
+            return 1.0 if warmup <= 0 else min(1.0, (step + 1) / warmup)
+
+        engine, _, _, _ = self._deepspeed.initialize(
+            model=_PolicyLogprobs(model, entropy_grad=self.algo_cfg.entropy_coef > 0, temperature=self.temperature),
+            optimizer=optimizer,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda),
+            config=build_ds_config(lcfg, self.dtype),
+        )
+        engine.eval()
+        reset_prestepped_optimizer_state(engine)
+        return engine
+
     @property
     def hf_model(self) -> nn.Module:
         return self.engine.module.model
