@@ -9,6 +9,9 @@ micro-batches more).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -133,3 +136,121 @@ def truncated_is_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: fl
     (truncated IS, as in TIS / IMPALA)."""
     with torch.no_grad():
         return torch.exp(old_logprobs - rollout_logprobs).clamp(max=cap)
+
+
+def rollout_stats(
+    old_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    rollout_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+    tis_cap: float = 2.0,
+    n_tokens_global: float | Tensor | None = None,
+) -> dict[str, Tensor]:
+    """Diagnostics of the learner's scores against the sampler's, aggregated like a loss term
+    (``aggregate_tokens``: sum over ``mask`` / ``n_tokens_global``, default the mean over ``mask``).
+
+    ``is_weight_mean`` (of ``truncated_is_weights(old, rollout, tis_cap)``) and
+    ``logprob_mismatch`` (of |old - rollout|) when ``rollout_logprobs`` is given, ``entropy`` when
+    ``entropy`` is given. Detached."""
+    out: dict[str, Tensor] = {}
+    with torch.no_grad():
+        if entropy is not None:
+            out["entropy"] = aggregate_tokens(entropy.detach(), mask, n_tokens_global)
+        if rollout_logprobs is not None:
+            is_w = truncated_is_weights(old_logprobs, rollout_logprobs, tis_cap)
+            out["is_weight_mean"] = aggregate_tokens(is_w, mask, n_tokens_global)
+            out["logprob_mismatch"] = aggregate_tokens((old_logprobs - rollout_logprobs).abs(), mask, n_tokens_global)
+    return out
+
+
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean")
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """The settings of ``policy_loss``; names and defaults as in ``AlgoConfig`` (``algo.*``)."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = None
+    tis_cap: float = 2.0
+    kl_coef: float = 0.001
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    loss_agg: str = "token_mean"
+
+    def __post_init__(self) -> None:
+        if self.loss_agg not in LOSS_AGGREGATIONS:
+            raise ValueError(f"unknown loss_agg {self.loss_agg!r}; known: {', '.join(LOSS_AGGREGATIONS)}")
+
+    @classmethod
+    def from_algo(cls, algo_cfg: Any) -> PolicyLossConfig:
+        """The same-named attributes of an ``AlgoConfig`` (or any object carrying them)."""
+        return cls(**{f.name: getattr(algo_cfg, f.name) for f in fields(cls)})
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: PolicyLossConfig = PolicyLossConfig(),
+    *,
+    rollout_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+    n_tokens_global: float | Tensor | None = None,
+    n_sequences_global: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The learner's whole policy loss for one micro-batch (docs/design.md §4, "The policy loss").
+
+    All [B, T]; ``logprobs`` (and ``entropy``, if the bonus is on) carry the gradient, every other
+    input is treated as a constant. With N = ``n_tokens_global`` (policy tokens of the optimizer
+    step; default: of this call) and m_t = ``mask``:
+
+        rho_t = exp(logprobs_t - old_logprobs_t)
+        l_t   = -min(rho_t A_t, clip(rho_t, 1 - clip_low, 1 + clip_high) A_t)
+                dual clip (cfg.dual_clip = c > 1): for A_t < 0, l_t = min(l_t, -c A_t)
+        w_t   = min(exp(old_logprobs_t - rollout_logprobs_t), tis_cap)   (1 without rollout_logprobs)
+        L     = sum_t m_t g_t w_t l_t / N                                   ("pg_loss", ``ppo_clip_loss``)
+              + kl_coef * sum_t m_t g_t KL_t / N                            ("kl", only with ref_logprobs)
+              - entropy_coef * sum_t m_t g_t H_t / N                        ("entropy_bonus", only if entropy_coef > 0)
+
+    KL_t = ``kl_penalty(logprobs, ref_logprobs, kl_estimator)`` (k1 or k3), H_t = ``entropy``.
+    g_t (``cfg.loss_agg``): 1 for ``token_mean``; for ``seq_mean_token_mean`` the
+    ``sequence_mean_weights`` N / (S * L_i) (S = ``n_sequences_global``, default: rows of this call
+    with policy tokens), which makes L a mean over sequences of per-sequence token means. Since
+    g_t >= 0 it scales the advantage of the clipped term exactly. Summing the losses of the
+    micro-batches of a step, each called with the step's N (and S), gives the step's loss.
+
+    Stats (detached): ``pg_loss`` and, when active, ``kl`` and ``entropy_bonus`` (the terms above,
+    unscaled by their coefficients); means over this call's masked tokens of ``clip_frac``,
+    ``dual_clip_frac``, ``approx_kl``, ``ratio_mean`` (from ``ppo_clip_loss``), ``is_weight_mean``
+    and ``logprob_mismatch`` (with ``rollout_logprobs``) and ``entropy`` (when given), see
+    ``rollout_stats``; ``n_tokens`` of this call.
+    """
+    if cfg.entropy_coef > 0 and entropy is None:
+        raise ValueError("entropy_coef > 0 needs the entropy")
+    weights: Tensor | float = 1.0
+    if cfg.loss_agg == "seq_mean_token_mean":
+        n_tok = int(mask.bool().sum()) if n_tokens_global is None else n_tokens_global
+        n_seq = int((mask.bool().sum(dim=1) > 0).sum()) if n_sequences_global is None else n_sequences_global
+        weights = sequence_mean_weights(mask, n_seq, n_tok)
+    is_w = truncated_is_weights(old_logprobs, rollout_logprobs, cfg.tis_cap) if rollout_logprobs is not None else None
+    pg, stats = ppo_clip_loss(
+        logprobs, old_logprobs, advantages * weights, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+        dual_clip=cfg.dual_clip, is_weights=is_w, n_tokens_global=n_tokens_global,
+    )
+    stats["pg_loss"] = pg.detach()
+    loss = pg
+    if cfg.entropy_coef > 0:
+        bonus = aggregate_tokens(entropy * weights, mask, n_tokens_global)
+        loss = loss - cfg.entropy_coef * bonus
+        stats["entropy_bonus"] = bonus.detach()
+    if ref_logprobs is not None:
+        kl = aggregate_tokens(kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator) * weights, mask, n_tokens_global)
+        loss = loss + cfg.kl_coef * kl
+        stats["kl"] = kl.detach()
+    stats.update(rollout_stats(old_logprobs, mask, rollout_logprobs=rollout_logprobs, entropy=entropy, tis_cap=cfg.tis_cap))
+    return loss, stats

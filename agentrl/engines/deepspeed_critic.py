@@ -10,12 +10,15 @@ response mask.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from agentrl.algos.critic import value_loss
+
+if TYPE_CHECKING:
+    from agentrl.engines.micro_batch import MicroBatch
 
 
 class _Values(nn.Module):
@@ -53,16 +56,16 @@ class DeepSpeedCritic:
     def values(self, ids: Tensor, attn: Tensor) -> Tensor:
         return self.engine(ids, attn).float()
 
-    def train(self, micro: list[dict], n_tokens: int) -> dict[str, float]:
-        """One optimizer step on the clipped value loss; each micro-batch dict holds ``ids``,
-        ``attn``, ``mask``, ``old_values`` and ``returns``."""
+    def train(self, micro: list[MicroBatch], n_tokens: int) -> dict[str, float]:
+        """One optimizer step on the clipped value loss over the micro-batches (their
+        ``old_values`` and ``returns`` filled in by the learner); ``n_tokens``: their policy tokens."""
         out = {"critic/loss": 0.0, "critic/clip_frac": 0.0, "critic/explained_var": 0.0}
         for k, m in enumerate(micro):
             self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
-            v = self.engine(m["ids"], m["attn"])
-            loss, st = value_loss(v, m["old_values"], m["returns"], m["mask"], self.cfg.value_clip, n_tokens)
+            v = self.engine(m.input_ids, m.attention_mask)
+            loss, st = value_loss(v, m.old_values, m.returns, m.response_mask, self.cfg.value_clip, n_tokens)
             self.engine.backward(loss)
-            share = float(m["mask"].sum()) / n_tokens
+            share = float(m.response_mask.sum()) / n_tokens
             out["critic/loss"] += float(loss.detach())
             out["critic/clip_frac"] += float(st.get("vf_clip_frac", 0.0)) * share
             out["critic/explained_var"] += float(st.get("explained_var", 0.0)) * share

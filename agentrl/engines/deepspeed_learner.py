@@ -5,7 +5,7 @@ Designed to live inside one Ray actor (world size 1 per learner), on CPU (gloo) 
 Gradient accumulation is done by us, not by DeepSpeed's micro-step counter: a step's batch is
 split into however many micro-batches it needs (batch sizes vary with group filtering), every
 micro-batch loss is already normalized by its mini-batch's policy-token count (see
-``algos.losses``), and DeepSpeed is told ``gradient_accumulation_steps=1`` so it never rescales
+``algos.losses.policy_loss``), and DeepSpeed is told ``gradient_accumulation_steps=1`` so it never rescales
 the loss. ``engine.set_gradient_accumulation_boundary(is_last_micro_batch)`` before each backward
 makes ZeRO 1/2 hold the gradient reduction until the last micro-batch, and the single
 ``engine.step()`` after it applies exactly one optimizer update (and one LR-scheduler step).
@@ -31,8 +31,9 @@ import torch
 from torch import Tensor, nn
 
 from agentrl.algos.critic import gae, whiten
-from agentrl.algos.losses import aggregate_tokens, kl_penalty, ppo_clip_loss, sequence_mean_weights, truncated_is_weights
+from agentrl.algos.losses import PolicyLossConfig, policy_loss, rollout_stats
 from agentrl.engines.hf_policy import pad_batch, token_logprobs
+from agentrl.engines.micro_batch import MicroBatch, pad_micro_batch
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -110,6 +111,50 @@ def reset_prestepped_optimizer_state(engine: Any) -> None:
         state.clear()
 
 
+class _StepMetrics:
+    """A step's metrics, as token-weighted means over its whole batch.
+
+    Loss terms (``loss``, ``pg_loss``, ``kl``, ``entropy_bonus``) are weighted by each
+    mini-batch's share of what the loss averages over (tokens, or sequences under
+    ``seq_mean_token_mean``), ``clip_frac`` and ``approx_kl`` by tokens; both are averaged over the
+    epochs. pi_old diagnostics (``entropy``, ``is_weight_mean``, ``logprob_mismatch``) come from the
+    first epoch."""
+
+    _LOSS_TERMS = ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "entropy_bonus")
+    _PI_OLD = ("is_weight_mean", "logprob_mismatch", "entropy")
+
+    def __init__(self, n_tokens: int, n_sequences: int, loss_agg: str):
+        self.n_tokens, self.n_sequences, self.loss_agg = n_tokens, n_sequences, loss_agg
+        self.sums = dict.fromkeys(self._LOSS_TERMS, 0.0)
+        self.pi_old = dict.fromkeys(self._PI_OLD, 0.0)
+        self.grad_norms: list[float] = []
+
+    def add_loss(self, loss: Tensor, stats: dict[str, Tensor], n_micro: int, n_mini: int, seqs_mini: int) -> None:
+        """One micro-batch's ``policy_loss`` (of a mini-batch with n_mini tokens, seqs_mini sequences)."""
+        share = n_mini / self.n_tokens if self.loss_agg == "token_mean" else seqs_mini / self.n_sequences
+        for key in ("entropy_bonus", "kl"):
+            if key in stats:
+                self.sums[key] += float(stats[key]) * share
+        self.sums["loss"] += float(loss.detach()) * share
+        self.sums["pg_loss"] += float(stats["pg_loss"]) * share
+        for key in ("clip_frac", "approx_kl"):
+            self.sums[key] += float(stats[key]) * float(n_micro) / self.n_tokens
+
+    def add_pi_old(self, stats: dict[str, Tensor]) -> None:
+        """One micro-batch's ``rollout_stats``, already normalized by the batch's token count."""
+        for key, value in stats.items():
+            self.pi_old[key] += float(value)
+
+    def result(self, epochs: int, with_rollout: bool, extra: dict[str, float], **fields: float) -> dict[str, float]:
+        out = {k: v / float(epochs) for k, v in self.sums.items()}
+        out.update(self.pi_old)
+        out.update(extra)
+        if not with_rollout:
+            out.pop("is_weight_mean"), out.pop("logprob_mismatch")
+        out.update(grad_norm=sum(self.grad_norms) / len(self.grad_norms), optimizer_steps=float(len(self.grad_norms)), **fields)
+        return out
+
+
 class DeepSpeedLearner:
     """Owns the trainable policy (DeepSpeed engine), the frozen reference, and the update rule.
 
@@ -133,6 +178,7 @@ class DeepSpeedLearner:
         from transformers import AutoModelForCausalLM
 
         self.learner_cfg, self.algo_cfg, self.dtype = learner_cfg, algo_cfg, dtype
+        self.loss_cfg = PolicyLossConfig.from_algo(algo_cfg)
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
         self.temperature = temperature
@@ -152,26 +198,7 @@ class DeepSpeedLearner:
         self.pad_id = next((v for v in (cfg.pad_token_id, cfg.eos_token_id, 0) if isinstance(v, int)), 0)
         self.tied_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
 
-        optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=learner_cfg.lr,
-            betas=tuple(learner_cfg.betas),
-            eps=learner_cfg.adam_eps,
-            weight_decay=learner_cfg.weight_decay,
-        )
-        warmup = learner_cfg.warmup_steps
-
-        def lr_lambda(step: int) -> float:  # step = optimizer steps taken so far
-            return 1.0 if warmup <= 0 else min(1.0, (step + 1) / warmup)
-
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=_PolicyLogprobs(model, entropy_grad=algo_cfg.entropy_coef > 0, temperature=temperature),
-            optimizer=optimizer,
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda),
-            config=build_ds_config(learner_cfg, dtype),
-        )
-        self.engine.eval()
-        reset_prestepped_optimizer_state(self.engine)
+        self.engine = self._build_engine(model)
         self.device = self.engine.device
         self.ref_model: nn.Module | None = None
         if algo_cfg.kl_coef > 0:
@@ -190,6 +217,32 @@ class DeepSpeedLearner:
         self.init_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ helpers
+    def _build_engine(self, model: nn.Module) -> Any:
+        """The DeepSpeed engine around ``_PolicyLogprobs(model)``: AdamW, linear LR warm-up over
+        ``learner.warmup_steps``, ``build_ds_config``; Adam state as if no step was taken."""
+        lcfg = self.learner_cfg
+        optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=lcfg.lr,
+            betas=tuple(lcfg.betas),
+            eps=lcfg.adam_eps,
+            weight_decay=lcfg.weight_decay,
+        )
+        warmup = lcfg.warmup_steps
+
+        def lr_lambda(step: int) -> float:  # step = optimizer steps taken so far
+            return 1.0 if warmup <= 0 else min(1.0, (step + 1) / warmup)
+
+        engine, _, _, _ = self._deepspeed.initialize(
+            model=_PolicyLogprobs(model, entropy_grad=self.algo_cfg.entropy_coef > 0, temperature=self.temperature),
+            optimizer=optimizer,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda),
+            config=build_ds_config(lcfg, self.dtype),
+        )
+        engine.eval()
+        reset_prestepped_optimizer_state(engine)
+        return engine
+
     @property
     def hf_model(self) -> nn.Module:
         return self.engine.module.model
@@ -220,133 +273,110 @@ class DeepSpeedLearner:
         for PPO, ``token_rewards`` from which the critic and GAE make the advantages — and
         optionally ``rollout_logprobs`` (the engine's sampled-token logprobs, 0 off-policy tokens).
         Every mini-batch loss is normalized by that mini-batch's policy-token count.
+
+        Phases: mini-batches of padded micro-batches -> (PPO) critic values and GAE advantages ->
+        reference and pi_old passes -> per epoch and mini-batch, the loss of each micro-batch and
+        one optimizer step -> (PPO) the critic's step -> metrics.
         """
         t0 = time.perf_counter()
         acfg, lcfg = self.algo_cfg, self.learner_cfg
         use_critic = "token_rewards" in batch
         if use_critic and self.critic is None:
             raise ValueError("batch has token_rewards but this learner has no critic (algo.advantage must be ppo)")
-        ids_l, resp_l = batch["input_ids"], batch["response_mask"]
-        adv_l = batch["token_rewards"] if use_critic else batch["advantages"]
-        roll_l = batch.get("rollout_logprobs")
-        extra = [resp_l, adv_l] + ([roll_l] if roll_l is not None else [])
-        lengths = [len(s) for s in ids_l]
-        minis: list[list[dict]] = []
-        for subset in self._mini_batches(len(ids_l)):
-            minis.append([])
-            for idx in self._micro_batches(len(ids_l), lengths, subset):
-                t = pad_batch([ids_l[i] for i in idx], self.pad_id, *[[x[i] for i in idx] for x in extra], device=self.device)
-                roll = t[4] if roll_l is not None else None
-                mask = (t[2] > 0) & (t[1] > 0)
-                minis[-1].append({"ids": t[0], "attn": t[1], "mask": mask, "adv": t[3], "roll": roll,
-                                  "n_tok": int(mask.sum()), "n_seq": int((mask.sum(dim=1) > 0).sum())})
+
+        minis = self._build_mini_batches(batch)
         micro = [m for mini in minis for m in mini]
-        n_tok = sum(m["n_tok"] for m in micro)
-        n_seqs = sum(m["n_seq"] for m in micro)
+        n_tok = sum(m.n_tokens for m in micro)
         self.version += 1
         lr = float(self.engine.get_lr()[0])
         if n_tok == 0:  # nothing to learn from: skip the optimizer step (AdamW would still decay)
             return {"tokens": 0.0, "skipped": 1.0, "lr": lr, "version": float(self.version)}
 
         critic_stats = self._critic_advantages(micro, n_tok) if use_critic else {}
-        use_kl = self.ref_model is not None and acfg.kl_coef > 0 and acfg.kl_in == "loss"
         # After the first optimizer step the policy has moved: later updates need the logprobs of
         # the policy as it was before this step (PPO's pi_old), computed up front.
         precompute_old = lcfg.ppo_epochs > 1 or len(minis) > 1
-        # per mini-batch: (policy tokens, sequences with policy tokens), fixed across epochs;
-        # loss_agg as per-token weights (1 = token mean), positive, so scaling the advantages
-        # weights the clipped PPO term exactly
-        sizes = [(sum(m["n_tok"] for m in mini), sum(m["n_seq"] for m in mini)) for mini in minis]
-        for mini, (n_mini, seqs_mini) in zip(minis, sizes):
-            for m in mini:
-                m["agg"] = 1.0 if acfg.loss_agg == "token_mean" else sequence_mean_weights(m["mask"], seqs_mini, n_mini)
-        with torch.no_grad():
-            for m in micro:
-                if use_kl:
-                    m["ref"] = token_logprobs(self.ref_model, m["ids"], m["attn"], temperature=self.temperature)
-                if precompute_old:
-                    m["old"], m["ent"] = self.engine(m["ids"], m["attn"])
-
-        # Metrics: token-weighted means over the whole batch, averaged over the epochs.
-        sums: dict[str, float] = {k: 0.0 for k in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "entropy_bonus")}
-        first: dict[str, float] = {k: 0.0 for k in ("is_weight_mean", "logprob_mismatch", "entropy")}
-        grad_norms = []
+        self._reference_and_old_passes(micro, precompute_old)
+        metrics = _StepMetrics(n_tok, sum(m.n_sequences for m in micro), acfg.loss_agg)
         for epoch in range(lcfg.ppo_epochs):
-            for mini, (n_mini, seqs_mini) in zip(minis, sizes):
-                if n_mini == 0:
-                    continue
-                # this mini-batch's weight in the batch-level loss metrics: its share of what the
-                # loss averages over (tokens, or episodes under seq_mean_token_mean)
-                share = n_mini / n_tok if acfg.loss_agg == "token_mean" else seqs_mini / n_seqs
-                for k, m in enumerate(mini):
-                    self.engine.set_gradient_accumulation_boundary(k == len(mini) - 1)
-                    lp, ent = self.engine(m["ids"], m["attn"])
-                    old = m["old"] if precompute_old else lp.detach()
-                    mask, n_mb, agg = m["mask"], float(m["n_tok"]), m["agg"]
-                    is_w = truncated_is_weights(old, m["roll"], acfg.tis_cap) if m["roll"] is not None else None
-                    pg, st = ppo_clip_loss(
-                        lp, old, m["adv"] * agg, mask, clip_low=acfg.clip_low, clip_high=acfg.clip_high,
-                        dual_clip=acfg.dual_clip, is_weights=is_w, n_tokens_global=n_mini,
-                    )
-                    loss = pg
-                    if acfg.entropy_coef > 0:
-                        bonus = aggregate_tokens(ent * agg, mask, n_mini)
-                        loss = loss - acfg.entropy_coef * bonus
-                        sums["entropy_bonus"] += float(bonus.detach()) * share
-                    if use_kl:
-                        kl = aggregate_tokens(kl_penalty(lp, m["ref"], acfg.kl_estimator) * agg, mask, n_mini)
-                        loss = loss + acfg.kl_coef * kl
-                        sums["kl"] += float(kl.detach()) * share
-                    self.engine.backward(loss)
-                    sums["loss"] += float(loss.detach()) * share
-                    sums["pg_loss"] += float(pg.detach()) * share
-                    sums["clip_frac"] += float(st["clip_frac"]) * n_mb / n_tok
-                    sums["approx_kl"] += float(st["approx_kl"]) * n_mb / n_tok
-                    if epoch == 0:
-                        with torch.no_grad():
-                            ent0 = m["ent"] if precompute_old else ent.detach()
-                            first["entropy"] += float(aggregate_tokens(ent0, mask, n_tok))
-                            if is_w is not None:
-                                first["is_weight_mean"] += float(aggregate_tokens(is_w, mask, n_tok))
-                                first["logprob_mismatch"] += float(aggregate_tokens((old - m["roll"]).abs(), mask, n_tok))
-                manual_norm = self._param_grad_norm() if self._needs_manual_grad_norm() else float("nan")
-                self.engine.step()
-                gn = self.engine.get_global_grad_norm()
-                grad_norms.append(float(gn) if gn is not None else manual_norm)
-
+            for mini in minis:
+                self._train_mini_batch(mini, metrics, first_epoch=epoch == 0)
         if use_critic:
             critic_stats.update(self.critic.train(micro, n_tok))
-        epochs = float(lcfg.ppo_epochs)
-        out = {k: v / epochs for k, v in sums.items()}
-        out.update(first)
-        out.update(critic_stats)
-        if roll_l is None:
-            out.pop("is_weight_mean"), out.pop("logprob_mismatch")
-        out.update(
-            grad_norm=sum(grad_norms) / len(grad_norms),
-            optimizer_steps=float(len(grad_norms)),
-            lr=lr,
-            tokens=float(n_tok),
-            sequences=float(len(ids_l)),
-            version=float(self.version),
+        return metrics.result(
+            epochs=lcfg.ppo_epochs, with_rollout=batch.get("rollout_logprobs") is not None, extra=critic_stats,
+            lr=lr, tokens=float(n_tok), sequences=float(len(batch["input_ids"])), version=float(self.version),
             step_time_s=time.perf_counter() - t0,
         )
-        return out
 
-    def _critic_advantages(self, micro: list[dict], n_tok: int) -> dict[str, float]:
-        """PPO: replace each micro-batch's ``adv`` (holding token rewards) by GAE advantages from
-        the critic's values, whitened over the whole batch when configured; keep the old values
-        and returns for the critic's update."""
+    def _build_mini_batches(self, batch: dict[str, Any]) -> list[list[MicroBatch]]:
+        """The step's random mini-batches (``_mini_batches``), each as length-sorted padded
+        micro-batches (``_micro_batches``)."""
+        lengths = [len(s) for s in batch["input_ids"]]
+        n = len(lengths)
+        return [[pad_micro_batch(batch, rows, self.pad_id, self.device) for rows in self._micro_batches(n, lengths, subset)]
+                for subset in self._mini_batches(n)]
+
+    @torch.no_grad()
+    def _reference_and_old_passes(self, micro: list[MicroBatch], precompute_old: bool) -> None:
+        """Reference logprobs when the KL is in the loss; pi_old logprobs and entropy up front when
+        the policy moves within the step (else the first training forward gives them)."""
+        acfg = self.algo_cfg
+        use_kl = self.ref_model is not None and acfg.kl_coef > 0 and acfg.kl_in == "loss"
+        for m in micro:
+            if use_kl:
+                m.ref_logprobs = token_logprobs(self.ref_model, m.input_ids, m.attention_mask, temperature=self.temperature)
+            if precompute_old:
+                m.old_logprobs, m.old_entropy = self.engine(m.input_ids, m.attention_mask)
+
+    def _train_mini_batch(self, mini: list[MicroBatch], metrics: _StepMetrics, first_epoch: bool) -> None:
+        """Accumulate the gradient of every micro-batch's loss, then take one optimizer step."""
+        n_mini, seqs_mini = sum(m.n_tokens for m in mini), sum(m.n_sequences for m in mini)
+        if n_mini == 0:
+            return
+        for k, m in enumerate(mini):
+            self.engine.set_gradient_accumulation_boundary(k == len(mini) - 1)
+            loss, stats = self._micro_batch_loss(m, n_mini, seqs_mini)
+            self.engine.backward(loss)
+            metrics.add_loss(loss, stats, m.n_tokens, n_mini, seqs_mini)
+            if first_epoch:
+                metrics.add_pi_old(rollout_stats(m.old_logprobs, m.response_mask, rollout_logprobs=m.rollout_logprobs,
+                                                 entropy=m.old_entropy, tis_cap=self.loss_cfg.tis_cap,
+                                                 n_tokens_global=metrics.n_tokens))
+        metrics.grad_norms.append(self._optimizer_step())
+
+    def _micro_batch_loss(self, m: MicroBatch, n_mini: int, seqs_mini: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """Policy forward and ``policy_loss`` of one micro-batch of a mini-batch with ``n_mini``
+        policy tokens in ``seqs_mini`` sequences."""
+        lp, ent = self.engine(m.input_ids, m.attention_mask)
+        if m.old_logprobs is None:  # one epoch, one mini-batch: pi_old is this very forward
+            m.old_logprobs, m.old_entropy = lp.detach(), ent.detach()
+        return policy_loss(
+            lp, m.old_logprobs, m.advantages, m.response_mask, self.loss_cfg, rollout_logprobs=m.rollout_logprobs,
+            ref_logprobs=m.ref_logprobs, entropy=ent, n_tokens_global=n_mini, n_sequences_global=seqs_mini,
+        )
+
+    def _optimizer_step(self) -> float:
+        """``engine.step()`` (clip, AdamW, LR schedule); returns the gradient norm before clipping."""
+        manual_norm = self._param_grad_norm() if self._needs_manual_grad_norm() else float("nan")
+        self.engine.step()
+        gn = self.engine.get_global_grad_norm()
+        return float(gn) if gn is not None else manual_norm
+
+    def _critic_advantages(self, micro: list[MicroBatch], n_tok: int) -> dict[str, float]:
+        """PPO: replace each micro-batch's ``advantages`` (holding token rewards) by GAE advantages
+        from the critic's values, whitened over the whole batch when configured; keep the old
+        values and returns for the critic's update."""
         ccfg = self.algo_cfg.critic
         for m in micro:
-            m["old_values"] = self.critic.values(m["ids"], m["attn"])
-            m["adv"], m["returns"] = gae(m["adv"], m["old_values"], m["mask"], ccfg.gamma, ccfg.lam)
+            m.old_values = self.critic.values(m.input_ids, m.attention_mask)
+            m.advantages, m.returns = gae(m.advantages, m.old_values, m.response_mask, ccfg.gamma, ccfg.lam)
         if ccfg.whiten_advantages and n_tok > 1:
             # whiten over the whole step's tokens, not per micro-batch
-            flat = whiten(torch.cat([m["adv"][m["mask"]] for m in micro]), torch.ones(n_tok, dtype=torch.bool))
-            for m, part in zip(micro, torch.split(flat, [int(m["mask"].sum()) for m in micro])):
-                m["adv"] = torch.zeros_like(m["adv"]).masked_scatter(m["mask"], part)
-        values = torch.cat([m["old_values"][m["mask"]] for m in micro])
+            flat = whiten(torch.cat([m.advantages[m.response_mask] for m in micro]), torch.ones(n_tok, dtype=torch.bool))
+            for m, part in zip(micro, torch.split(flat, [m.n_tokens for m in micro])):
+                m.advantages = torch.zeros_like(m.advantages).masked_scatter(m.response_mask, part)
+        values = torch.cat([m.old_values[m.response_mask] for m in micro])
         return {"critic/value_mean": float(values.mean()) if values.numel() else 0.0}
 
     @torch.no_grad()
