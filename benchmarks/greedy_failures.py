@@ -24,12 +24,12 @@ def greedy_vs_sampled(model: str, tasks: list, samples: int, temperature: float)
     import ray
 
     from agentrl.config import load_config
-    from agentrl.runtime.driver import _init_ray
+    from agentrl.runtime.cluster import init_ray
     from agentrl.runtime.rollout_worker import RolloutWorker
     from agentrl.runtime.simulator_pool import SimulatorPool
 
     cfg = load_config("configs/quickstart.yaml", [f"model.path={model}"])
-    _init_ray(cfg)
+    init_ray(cfg)
     try:
         pool = SimulatorPool.create(1, 0.1, 64)
         worker = RolloutWorker.options(num_cpus=1).remote(model, cfg.rollout, cfg.model.dtype, pool.actors, 0)

@@ -88,23 +88,24 @@ def test_async_rollouts_start_no_step_past_the_time_limit(tiny_model_dir, ray_cl
 
     import ray
 
-    from agentrl.runtime.driver import Trainer, _load_task_sources
+    from agentrl.runtime.driver import Trainer, load_task_sources
 
     cfg = _config(tiny_model_dir, tmp_path, "train.async_rollouts=true", "train.steps=5")
-    trainer = Trainer(cfg, tmp_path, _load_task_sources(cfg))
+    trainer = Trainer(cfg, tmp_path, load_task_sources(cfg))
+    rollouts = trainer.scheduler
     try:
         trainer.step(1)
-        assert trainer._pending and trainer._sync_due  # step 2's rollouts run on v0 weights
+        assert rollouts.in_flight and rollouts.sync_due  # step 2's rollouts run on v0 weights
         trainer.deadline = time.perf_counter() - 1.0  # train.max_minutes has passed
         m = trainer.step(2)
-        assert m["train/policy_lag"] == 1 and not trainer._pending  # no rollouts for a step 3
+        assert m["train/policy_lag"] == 1 and not rollouts.in_flight  # no rollouts for a step 3
         m = trainer.step(3)  # nothing in flight: syncs v2 first, then rolls out on it
-        assert m["train/policy_lag"] == 0 and trainer.version == 3 and not trainer._pending
+        assert m["train/policy_lag"] == 0 and trainer.version == 3 and not rollouts.in_flight
         trainer.deadline = None
         trainer.step(4)
-        assert trainer._pending
+        assert rollouts.in_flight
         trainer.settle(discard_pending=True)
-        assert not trainer._pending and not trainer._sync_due
+        assert not rollouts.in_flight and not rollouts.sync_due
         probe = ray.get(trainer.workers[0].sample_one.remote(trainer.heldout[0], 0))
         assert probe["policy_version"] == trainer.version == 4
     finally:

@@ -370,16 +370,16 @@ def bfcl_seed():
 @pytest.mark.integration
 def test_tiny_model_under_vllm_runs_without_raising(tiny_model_dir):
     from agentrl.envs.sgls import BackgroundLoop
-    from agentrl.runtime.sgls_server import EngineLLM, _start_engine, _stop_engine
+    from agentrl.runtime.sgls_server import EngineLLM, start_engine, stop_engine
 
     loop = BackgroundLoop()
-    engine = _start_engine(loop, str(tiny_model_dir), EngineConfig(), "float32", 0)
+    engine = start_engine(loop, str(tiny_model_dir), EngineConfig(), "float32", 0)
     try:
         llm = EngineLLM(engine, loop, temperature=1.0, max_tokens=384)
         synth = LLMSynthesizer(llm, cfg(augment=["miss_func"]), max_state_chars=600)
         results = [synth.synthesize(seed, 2, i) for i, seed in enumerate([BANK, CALENDAR])]
     finally:
-        _stop_engine(loop, engine)
+        stop_engine(loop, engine)
         loop.close()
     total = Counter()
     for r in results:

@@ -43,13 +43,13 @@ def _seeds(n: int = 5):
 def test_smollm2_synthesizes_builtin_variants():
     from agentrl.engines.smollm2 import materialize_smollm2
     from agentrl.envs.sgls import BackgroundLoop
-    from agentrl.runtime.sgls_server import EngineLLM, _start_engine, _stop_engine
+    from agentrl.runtime.sgls_server import EngineLLM, start_engine, stop_engine
 
     model = materialize_smollm2(REPO / ".cache" / "models" / "smollm2-135m-instruct")
     cfg = RodsLLMConfig(model_path=str(model), augment=["miss_func", "miss_param", "long_context"])
     seeds = _seeds()
     loop = BackgroundLoop()
-    engine = _start_engine(loop, str(model), EngineConfig(max_model_len=8192, kv_cache_gib=2), "float32", 0)
+    engine = start_engine(loop, str(model), EngineConfig(max_model_len=8192, kv_cache_gib=2), "float32", 0)
     try:
         synth = LLMSynthesizer(EngineLLM(engine, loop, temperature=cfg.temperature, max_tokens=512), cfg,
                                judge_llm=EngineLLM(engine, loop, temperature=0.0, max_tokens=256))
@@ -58,7 +58,7 @@ def test_smollm2_synthesizes_builtin_variants():
             results = list(pool.map(lambda s: synth.synthesize(s[1], 2, s[0]), enumerate(seeds)))
         elapsed = time.monotonic() - t0
     finally:
-        _stop_engine(loop, engine)
+        stop_engine(loop, engine)
         loop.close()
 
     failures, attempts, accepted = Counter(), 0, []

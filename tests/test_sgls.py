@@ -349,10 +349,10 @@ def test_whitespace_detector():
 def test_vllm_generate_json_is_schema_valid_with_a_noisy_model(tiny_model_dir):
     from agentrl.config.schema import EngineConfig
     from agentrl.envs.sgls import BackgroundLoop
-    from agentrl.runtime.sgls_server import _start_engine, _stop_engine
+    from agentrl.runtime.sgls_server import start_engine, stop_engine
 
     loop = BackgroundLoop()
-    engine = _start_engine(loop, str(tiny_model_dir), EngineConfig(), "float32", 0)
+    engine = start_engine(loop, str(tiny_model_dir), EngineConfig(), "float32", 0)
     try:
         for schema in BOUNDED_SCHEMAS:
             for temperature in (0.0, 1.0):
@@ -364,7 +364,7 @@ def test_vllm_generate_json_is_schema_valid_with_a_noisy_model(tiny_model_dir):
                 jsonschema.validate(value, schema)
                 assert not _whitespace_outside_strings(text), text  # disable_any_whitespace took effect
     finally:
-        _stop_engine(loop, engine)
+        stop_engine(loop, engine)
         loop.close()
 
 

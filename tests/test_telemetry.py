@@ -14,6 +14,7 @@ from agentrl.runtime.env import CACHE_DIRS, set_default_env
 from agentrl.telemetry.metrics import MetricsSink, pick, ray_metric_name
 from agentrl.telemetry.progress import ProgressLine, eval_table, format_step
 from agentrl.telemetry.report import read_metrics, write_report
+from agentrl.telemetry.summaries import eval_metrics, step_metrics, summarize
 
 STEP = {"train/success": 0.41, "train/progress": 0.55, "train/reward_std": 0.32,
         "perf/tokens_per_s": 1234.0, "time/generate": 5.1, "time/learn": 2.0, "time/sync": 0.1,
@@ -205,3 +206,60 @@ def test_progress_line_live_on_a_terminal():
     with ProgressLine(2, file=out, live=False) as line:  # telemetry.progress: false
         line.update(1, {})
     assert out.getvalue() == "step 1/2\n"
+
+
+# ------------------------------------------------------------------ step and evaluation metrics
+
+def _group(version, outcome, progress, rewards, tokens, calls, valid, redundant, wall):
+    return {"task_id": f"t{version}", "version": version, "outcome": outcome, "progress": progress, "rewards": rewards,
+            "policy_tokens": tokens, "calls": calls, "valid_calls": valid, "redundant_calls": redundant,
+            "wall_seconds": wall}
+
+
+def test_step_metrics_from_hand_made_summaries():
+    summaries = [
+        _group(3, [1.0, 0.0, 1.0, 0.0], [1.0, 0.5, 1.0, 0.5], {"process": 0.5, "summary": 1.0}, 100, 8, 6, 3, 2.0),
+        _group(2, [0.0] * 4, [0.0] * 4, {"process": 0.1, "summary": 0.0}, 60, 4, 4, 0, 4.0),
+    ]
+    timings = {"rollout_wait": 1.5, "learn": 3.0, "sync": 0.25, "step": 5.0}
+    m = step_metrics(summaries, timings, {"loss": 0.5, "tokens": 7}, version=4)
+    assert m == pytest.approx({
+        "train/success": 2 / 8, "train/progress": 3 / 8,
+        "train/reward_std": 0.125,  # pstdev 0.25 and 0
+        "train/groups_with_variance": 0.5, "train/episodes": 8.0, "train/policy_tokens": 160.0,
+        "perf/tokens_per_s": 40.0,  # over the slowest group's wall time
+        "train/calls_per_episode": 1.5, "train/valid_call_fraction": 10 / 12, "train/redundant_call_fraction": 0.3,
+        "time/generate": 4.0, "time/rollout_wait": 1.5, "time/learn": 3.0, "time/sync": 0.25, "time/step": 5.0,
+        "train/policy_version": 4.0, "train/policy_lag": 1.0,  # oldest group on v2, learner trained v3 into v4
+        "reward/process": 0.3, "reward/summary": 0.5, "learner/loss": 0.5, "learner/tokens": 7.0,
+    })
+    assert all(isinstance(v, float) for v in m.values())
+    assert pick(m, "success") == 0.25 and format_step(1, 2, m).startswith("step 1/2 | success 0.25 | progress 0.38")
+
+
+def test_step_metrics_without_groups_or_update():
+    m = step_metrics([], {"rollout_wait": 0.0, "learn": 0.0, "sync": 0.0, "step": 0.1}, {}, version=0)
+    assert m["train/episodes"] == 0 and m["train/success"] == 0 and m["perf/tokens_per_s"] == 0
+    assert m["train/policy_lag"] == 0 and m["time/generate"] == 0
+    assert not [k for k in m if k.startswith(("reward/", "learner/"))]
+
+
+def test_eval_metrics_from_hand_made_results():
+    def result(category, outcome, progress, calls, valid, redundant, behaviours):
+        return {"category": category, "outcome": outcome, "progress": progress, "calls": calls, "valid_calls": valid,
+                "redundant_calls": redundant, "behaviours": behaviours}
+
+    results = [
+        result("base", 1.0, 1.0, 2, 2, 0, {"balance_lookup": [1, 1]}),
+        result("base", 0.0, 0.5, 4, 3, 1, {"balance_lookup": [0, 1], "transfer_swap": [1, 2]}),
+        result("miss_param", 1.0, 1.0, 0, 0, 0, {"miss_param_ask": [1, 1]}),
+        result("miss_param", 0.0, 0.0, 2, 1, 1, {"miss_param_ask": [0, 1]}),
+    ]
+    assert eval_metrics(results, seconds=12.0) == pytest.approx({
+        "success": 0.5, "progress": 0.625, "mean_calls": 2.0, "redundant_call_rate": 2 / 6, "episodes": 4.0,
+        "seconds": 12.0, "success/base": 0.5, "success/miss_param": 0.5,
+        "behaviour/miss_param_ask": 0.5, "behaviour/balance_lookup": 0.5, "behaviour/transfer_swap": 0.5,
+    })
+    assert summarize(results) == {"base": (2, 0.5), "miss_param": (2, 0.5), "overall": (4, 0.5)}
+    empty = eval_metrics([], seconds=0.0)
+    assert empty["success"] == 0 and empty["episodes"] == 0 and not [k for k in empty if "/" in k]

@@ -2,6 +2,13 @@
 
     sample tasks -> rollouts (workers x simulators) -> replay buffer -> learner -> weight sync
 
+``Trainer.step`` runs five phases, one call each: (1) obtain this step's rollouts, (2) add them
+to the replay buffer (and to the RODS pool's statistics), (3) learn, (4) weight sync, (5)
+metrics. Which weights a rollout runs on, and when new weights may load, is decided by the
+``RolloutScheduler`` (runtime/scheduler.py); Ray and the rollout actors are set up by
+runtime/cluster.py, shared with ``agentrl eval``; the metric arithmetic is
+``agentrl.telemetry.summaries``.
+
 Runs the same in-process on an embedded Ray (``agentrl train CONFIG``) and under
 ``ray job submit`` against a cluster (Ray picks up ``RAY_ADDRESS``). The driver never touches a
 trajectory payload: workers put groups into the object store and the learner resolves them.
@@ -11,16 +18,16 @@ from __future__ import annotations
 
 import json
 import random
-import statistics
 import time
 from pathlib import Path
 
 import ray
 
 from agentrl.config import Config, dump_config
-from agentrl.rewards.behaviours import behaviour_rates
+from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
 from agentrl.runtime.env import set_default_env
-from agentrl.runtime.evaluate import summarize
+from agentrl.runtime.scheduler import RolloutScheduler
+from agentrl.telemetry.summaries import eval_metrics, step_metrics
 
 POOL_LOG = "rods_pool.jsonl"  # append-only RODS pool events (one JSON object per line)
 POOL_STATE = "rods_pool.json"  # the RODS pool in a checkpoint folder
@@ -53,11 +60,7 @@ class TaskSampler:
         return out
 
 
-def _shard(items: list, n: int) -> list[list]:
-    return [items[i::n] for i in range(n)]
-
-
-def _load_task_sources(cfg: Config) -> dict[str, list]:
+def load_task_sources(cfg: Config) -> dict[str, list]:
     """tasks.heldout and (unless fresh_train) tasks.train, loaded once, before the run folder and
     Ray exist: a bad path, a malformed file or a missing/wrong benchmark package is reported with
     its key, not as a traceback mid-start."""
@@ -82,87 +85,83 @@ def _load_task_sources(cfg: Config) -> dict[str, list]:
     return loaded
 
 
-def _model_path(cfg: Config) -> str:
-    path = Path(cfg.model.path)
-    if not (path / "config.json").exists():
-        hint = " Build it with `agentrl make-model`." if "tiny-agent" in str(path) else ""
-        raise SystemExit(f"error: model.path: no model at {path}.{hint}")
-    return str(path.resolve())
+def start_synthesis_actor(cfg: Config, tasks: dict[str, list], heldout: list):
+    """The RODS synthesis actor: its pool replaces the task sampler; seeds = tasks.train, and no
+    synthesized task may repeat a held-out user turn."""
+    from agentrl.runtime.synthesis_actor import SynthesisActor
+
+    heldout_texts = frozenset(turn.user for t in heldout for turn in t.turns)
+    return SynthesisActor.options(num_cpus=cfg.rods.num_cpus, num_gpus=cfg.rods.num_gpus).remote(
+        tasks["train"], cfg.rods, cfg.rollout.tasks_per_step, heldout_texts, cfg.run.seed, cfg.model.dtype,
+        state=tasks.get("rods_state"), resume=True)
 
 
 class Trainer:
+    """The actors of a run and one training step over them (``step``), plus evaluation and checkpoints.
+
+    ``rollout_side``: simulator pool and rollout workers (``runtime/cluster.py``); ``scheduler``:
+    the rollouts in flight and when weights load (``runtime/scheduler.py``); ``buffer``,
+    ``learner``, and ``rods`` (the synthesis actor, or None) as in docs/design.md §1.
+    """
+
     def __init__(self, cfg: Config, run_dir: Path, tasks: dict[str, list]):
         from agentrl.runtime.learner import LearnerActor
         from agentrl.runtime.replay_buffer import ReplayBuffer
-        from agentrl.runtime.rollout_worker import RolloutWorker
-        from agentrl.runtime.simulator_pool import SimulatorPool, start_sgls_server
         from agentrl.runtime.weight_sync import make_weight_sync
         from agentrl.telemetry.metrics import MetricsSink
         from agentrl.telemetry.progress import ProgressLine
 
         self.cfg, self.run_dir = cfg, run_dir
-        model_path = _model_path(cfg)
+        model_path = resolve_model_path(cfg)
         heldout = tasks["heldout"]
         self.heldout = heldout[: cfg.tasks.heldout_size] if cfg.tasks.heldout_size else heldout
-        heldout_texts = {turn.user for t in heldout for turn in t.turns}
-        heldout_keys = {tuple(turn.user for turn in t.turns) for t in heldout}
+        heldout_keys = {tuple(turn.user for turn in t.turns) for t in heldout}  # held-out tasks as their user turns
         self.sampler = None if cfg.rods.enabled else TaskSampler(cfg, tasks["train"], heldout_keys)
-        self.rods = None
-        if cfg.rods.enabled:  # the pool replaces the sampler; seeds = tasks.train
-            from agentrl.runtime.synthesis_actor import SynthesisActor
-
-            self.rods = SynthesisActor.options(num_cpus=cfg.rods.num_cpus, num_gpus=cfg.rods.num_gpus).remote(
-                tasks["train"], cfg.rods, cfg.rollout.tasks_per_step, frozenset(heldout_texts), cfg.run.seed, cfg.model.dtype,
-                state=tasks.get("rods_state"), resume=True)
+        self.rods = start_synthesis_actor(cfg, tasks, heldout) if cfg.rods.enabled else None
         rt = cfg.runtime
-        self.sgls = start_sgls_server(cfg, cfg.model.dtype)
-        self.pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency, self.sgls,
-                                         cfg.simulators.sgls)
-        self.workers = [
-            RolloutWorker.options(num_cpus=rt.rollout_worker_cpus, num_gpus=rt.rollout_worker_gpus).remote(
-                model_path, cfg.rollout, cfg.model.dtype, self.pool.actors, i, weight_sync=rt.weight_sync,
-                rewards_cfg=cfg.rewards,
-            )
-            for i in range(cfg.rollout.num_workers)
-        ]
+        self.rollout_side = RolloutSide.create(cfg, model_path, weight_sync=rt.weight_sync)
+        self.workers, self.sgls = self.rollout_side.workers, self.rollout_side.sgls
         self.buffer = ReplayBuffer.remote(cfg.buffer.capacity_groups, cfg.buffer.max_staleness)
         # the learner scores tokens under the tempered distribution the rollouts sampled from
         self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=rt.learner_gpus).remote(
             model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature)
-        starts = ray.get([w.start.remote() for w in self.workers])
+        starts = self.rollout_side.start()
         learner_version = ray.get(self.learner.get_version.remote())
         print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{learner_version})", flush=True)
-        self.sync = make_weight_sync(rt.weight_sync, self.learner, self.workers)
+        self.scheduler = RolloutScheduler(self._launch_rollouts, make_weight_sync(rt.weight_sync, self.learner, self.workers),
+                                          cfg.train.async_rollouts)
         self.metrics = MetricsSink(run_dir, cfg.telemetry, cfg.run.name)
         self.progress = ProgressLine(cfg.train.steps, live=None if cfg.telemetry.progress else False)
-        self.version = 0
-        self._pending: list = []  # async_rollouts: the next step's rollout calls, in flight
-        self._sync_due = False  # async_rollouts: the engines are one update behind the learner
+        self.version = 0  # the learner's policy version
         self.deadline: float | None = None  # train.max_minutes as a perf_counter time (set by train())
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:
+        """Held-out evaluation (greedy, one episode per task) on the learner's latest weights."""
         self.settle()
         t0 = time.perf_counter()
-        shards = _shard(self.heldout, len(self.workers))
-        results = [r for rs in ray.get([w.evaluate.remote(s) for w, s in zip(self.workers, shards) if s]) for r in rs]
-        n = max(1, len(results))
-        out = {
-            "success": sum(r["outcome"] for r in results) / n,
-            "progress": sum(r["progress"] for r in results) / n,
-            "mean_calls": sum(r["calls"] for r in results) / n,
-            "redundant_call_rate": sum(r["redundant_calls"] for r in results) / max(1, sum(r["valid_calls"] for r in results)),
-            "episodes": float(len(results)),
-            "seconds": time.perf_counter() - t0,
-        }
-        # what changed, not only how much: success per category and the rate of each behaviour
-        for cat, (_, acc) in summarize(results).items():
-            if cat != "overall":
-                out[f"success/{cat}"] = acc
-        out.update({f"behaviour/{k}": v for k, v in behaviour_rates([r["behaviours"] for r in results]).items()})
-        return out
+        results = self.rollout_side.evaluate(self.heldout)
+        return eval_metrics(results, time.perf_counter() - t0)
+
+    def settle(self, discard_pending: bool = False) -> None:
+        """Bring the engines to the learner's latest weights (before an evaluation or the end).
+
+        Rollouts in flight (train.async_rollouts) are waited for first (``RolloutScheduler.sync``);
+        their results stay pending for their step, unless ``discard_pending`` (no step will use them)."""
+        self.scheduler.sync(discard_in_flight=discard_pending)
 
     # ---------------------------------------------------------------- one step
+    def step(self, step: int, last: bool = False) -> dict[str, float]:
+        """One training step. ``last``: no rollouts are started for a next step (async mode)."""
+        t0 = time.perf_counter()
+        timings: dict[str, float] = {}
+        summaries, entries = self._obtain_rollouts(step, timings)  # 1. this step's rollouts
+        observed = self._store(step, summaries, entries)  # 2. replay buffer, RODS observe
+        learn, trained = self._learn(step, len(entries), last, timings)  # 3. learn (async: step+1 rolls out meanwhile)
+        self._sync_weights(trained, timings)  # 4. weight sync (async: held back until step+1's rollouts are in)
+        timings["step"] = time.perf_counter() - t0
+        return self._metrics(summaries, learn, observed, timings)  # 5. metrics
+
     def _launch_rollouts(self, step: int) -> list:
         """Sample step ``step``'s tasks and start their rollouts; returns the pending Ray calls."""
         cfg = self.cfg
@@ -170,97 +169,56 @@ class Trainer:
             tasks = ray.get(self.rods.sample.remote(step, cfg.rollout.tasks_per_step))
         else:
             tasks = self.sampler.next(cfg.rollout.tasks_per_step)
-        return [
-            w.rollout.remote(shard, cfg.rollout.group_size, cfg.rollout.temperature, cfg.rollout.top_p,
-                             cfg.run.seed * 100_003 + step * 101 + i)
-            for i, (w, shard) in enumerate(zip(self.workers, _shard(tasks, len(self.workers))))
-            if shard
-        ]
+        return self.rollout_side.rollout(tasks, cfg.rollout, cfg.run.seed * 100_003 + step * 101)
 
-    def settle(self, discard_pending: bool = False) -> None:
-        """Bring the engines to the learner's latest weights (before an evaluation or the end).
-
-        With train.async_rollouts the next step's rollouts may be running and the sync waits for
-        them: loading weights mid-episode would mix two policies in one trajectory. Their
-        results stay pending for that step, unless ``discard_pending`` (no step will use them)."""
-        if self._pending:
-            ray.wait(self._pending, num_returns=len(self._pending))
-            if discard_pending:
-                self._pending = []
-        if self._sync_due:
-            self.sync.sync(self.version)
-            self._sync_due = False
-
-    def step(self, step: int, last: bool = False) -> dict[str, float]:
-        """One training step. ``last``: no rollouts are started for a next step (async mode)."""
-        cfg = self.cfg
+    def _obtain_rollouts(self, step: int, timings: dict[str, float]) -> tuple[list[dict], list]:
+        """Phase 1: the group summaries and ``([ref], version)`` buffer entries of step ``step``."""
         t0 = time.perf_counter()
-        if not self._pending:  # nothing in flight: roll out on the newest weights
-            self.settle()
-            self._pending = self._launch_rollouts(step)
-        pending, self._pending = self._pending, []
         summaries, entries = [], []
-        for sums, refs in ray.get(pending):
+        for sums, refs in self.scheduler.take(step):
             summaries += sums
             entries += [([ref], s["version"]) for ref, s in zip(refs, sums)]
-        t_wait = time.perf_counter() - t0
-        t2 = time.perf_counter()
-        self.settle()  # async: the previous update, held back while these rollouts ran
-        t_sync = time.perf_counter() - t2
-        ray.get(self.buffer.add.remote(entries))
-        observed = None
-        if self.rods is not None:  # boundary statistics from the batch itself: no extra rollouts
-            observed = self.rods.observe.remote(step, [(s["task_id"], s["progress"]) for s in summaries])
-
+        timings["rollout_wait"] = time.perf_counter() - t0  # generation time not hidden behind learning
         t1 = time.perf_counter()
-        boxes = ray.get(self.buffer.sample.remote(len(entries) * 2, self.version))
+        self.scheduler.sync()  # async: the previous update, held back while these rollouts ran
+        timings["sync"] = time.perf_counter() - t1
+        return summaries, entries
+
+    def _store(self, step: int, summaries: list[dict], entries: list):
+        """Phase 2: the groups into the replay buffer; with RODS, their rewards to the pool
+        (boundary statistics from the batch itself: no extra rollouts). Returns the pending
+        observe call (awaited in phase 5), or None."""
+        ray.get(self.buffer.add.remote(entries))
+        if self.rods is None:
+            return None
+        return self.rods.observe.remote(step, [(s["task_id"], s["progress"]) for s in summaries])
+
+    def _learn(self, step: int, n_groups: int, last: bool, timings: dict[str, float]) -> tuple[dict, bool]:
+        """Phase 3: one update on up to twice the groups just added; returns (learner metrics,
+        whether an update ran). In async mode step+1's rollouts start while the learner trains,
+        unless this is the last step or train.max_minutes has passed."""
+        t0 = time.perf_counter()
+        boxes = ray.get(self.buffer.sample.remote(n_groups * 2, self.version))
         learning = self.learner.train.remote(boxes) if boxes else None
         out_of_time = self.deadline is not None and time.perf_counter() > self.deadline
-        if cfg.train.async_rollouts and not last and not out_of_time:
-            # the next batch is generated by the engines' current weights while the learner trains
-            self._pending = self._launch_rollouts(step + 1)
+        self.scheduler.prefetch(step + 1, allowed=not last and not out_of_time)
         learn = ray.get(learning) if learning is not None else {}
         self.version += 1 if boxes else 0
-        t_learn = time.perf_counter() - t1
+        timings["learn"] = time.perf_counter() - t0
+        return learn, bool(boxes)
 
-        self._sync_due = bool(boxes)
-        if not cfg.train.async_rollouts:  # async: held back until the next rollouts are in
-            t2 = time.perf_counter()
-            self.settle()
-            t_sync = time.perf_counter() - t2
-        t_gen = max((s["wall_seconds"] for s in summaries), default=0.0)
+    def _sync_weights(self, trained: bool, timings: dict[str, float]) -> None:
+        """Phase 4: hand a new policy version to the scheduler: loaded now, or (async mode) after
+        the next step's rollouts are in, timed then in phase 1."""
+        t0 = time.perf_counter()
+        if trained:
+            self.scheduler.updated(self.version)
+        if not self.cfg.train.async_rollouts:
+            timings["sync"] = time.perf_counter() - t0
 
-        outcomes = [o for s in summaries for o in s["outcome"]]
-        progress = [p for s in summaries for p in s["progress"]]
-        n = max(1, len(outcomes))
-        mean_p = sum(progress) / n
-        tokens = sum(s["policy_tokens"] for s in summaries)
-        group_std = [statistics.pstdev(s["progress"]) for s in summaries]
-        m = {
-            "train/success": sum(outcomes) / n,
-            "train/progress": mean_p,
-            "train/reward_std": sum(group_std) / max(1, len(group_std)),
-            # groups whose progress rewards differ: the ones a group-relative estimator learns from
-            "train/groups_with_variance": sum(sd > 0 for sd in group_std) / max(1, len(group_std)),
-            "train/episodes": float(len(outcomes)),
-            "train/policy_tokens": float(tokens),
-            "perf/tokens_per_s": tokens / max(t_gen, 1e-9),
-            "train/calls_per_episode": sum(s["calls"] for s in summaries) / n,
-            "train/valid_call_fraction": sum(s["valid_calls"] for s in summaries) / max(1, sum(s["calls"] for s in summaries)),
-            "train/redundant_call_fraction": (sum(s["redundant_calls"] for s in summaries)
-                                              / max(1, sum(s["valid_calls"] for s in summaries))),
-            "time/generate": t_gen,
-            "time/rollout_wait": t_wait,  # generation time not hidden behind learning
-            "time/learn": t_learn,
-            "time/sync": t_sync,
-            "time/step": time.perf_counter() - t0,
-            "train/policy_version": float(self.version),
-            "train/policy_lag": float(self.version - 1 - min(s["version"] for s in summaries)) if summaries else 0.0,
-        }
-        # HierR components, summary reward, omission rate: means over groups (groups are equal-sized)
-        for key in (summaries[0]["rewards"] if summaries else {}):
-            m[f"reward/{key}"] = sum(s["rewards"][key] for s in summaries) / len(summaries)
-        m.update({f"learner/{k}": float(v) for k, v in learn.items()})
+    def _metrics(self, summaries: list[dict], learn: dict, observed, timings: dict[str, float]) -> dict[str, float]:
+        """Phase 5: the step's metrics (``telemetry.summaries.step_metrics``) plus the actors' own."""
+        m = step_metrics(summaries, timings, learn, self.version)
         m.update({f"buffer/{k}": float(v) for k, v in ray.get(self.buffer.stats.remote()).items()})
         if self.sgls is not None:  # simulated tool calls, cache hit rate within groups, retries
             m.update({f"sgls/{k}": float(v) for k, v in ray.get(self.sgls.stats.remote()).items()})
@@ -269,6 +227,7 @@ class Trainer:
             m.update(self.drain_pool_log())
         return m
 
+    # ---------------------------------------------------------------- checkpoints, the end
     def drain_pool_log(self) -> dict[str, float]:
         """Append the RODS pool's events since the last drain to rods_pool.jsonl; returns its metrics."""
         rods_metrics, events = ray.get(self.rods.report.remote())
@@ -288,98 +247,29 @@ class Trainer:
         if self.rods is not None:
             ray.get(self.rods.shutdown.remote())
             self.drain_pool_log()  # jobs that finished after the last step
-        ray.get([w.shutdown.remote() for w in self.workers])
-        if self.sgls is not None:
-            ray.get(self.sgls.shutdown.remote())
+        self.rollout_side.shutdown()
         self.metrics.close()
-
-
-def _init_ray(cfg: Config) -> bool:
-    """Connect to (or start) Ray; True when this call started/connected it and should shut it down."""
-    import os
-
-    if ray.is_initialized():
-        return False
-    if cfg.runtime.ray_address:
-        ray.init(address=cfg.runtime.ray_address, log_to_driver=True)
-    elif os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=True)  # under `ray job submit`, or a user-started cluster
-    else:
-        tmp = os.environ.get("RAY_TMPDIR", "/tmp/agentrl-ray")
-        ray.init(num_cpus=_embedded_cpus(cfg), include_dashboard=True, _temp_dir=tmp, log_to_driver=True)
-    return True
-
-
-def _embedded_cpus(cfg: Config) -> int:
-    """Logical CPUs for an embedded cluster: at least what the actors ask for.
-
-    Ray CPUs are scheduling tokens, not cores. On a 2-core machine one rollout worker (1 CPU),
-    the learner (1 CPU) and the simulators (0.1 each) ask for 2.1, and Ray would leave an actor
-    pending forever; the engines share the cores anyway.
-    """
-    import math
-    import os
-
-    rt = cfg.runtime
-    need = rt.rollout_worker_cpus * cfg.rollout.num_workers + rt.learner_cpus + rt.simulator_cpus * cfg.simulators.num_actors
-    if cfg.simulators.sgls is not None:
-        need += cfg.simulators.sgls.num_cpus
-    if cfg.rods.enabled:
-        need += cfg.rods.num_cpus
-    return rt.num_cpus or max(os.cpu_count() or 1, math.ceil(need))
 
 
 def train(cfg: Config, config_path: str | None = None) -> dict:
     """Run a training job end to end; returns the start/end held-out evaluations."""
-    from agentrl.telemetry.progress import eval_table
     from agentrl.telemetry.report import write_report
 
     set_default_env()
-    _model_path(cfg)  # a missing model or task set fails here: before a run folder exists or Ray starts
-    tasks = _load_task_sources(cfg)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-{stamp}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
-    print(f"agentrl: run {run_dir} (config {config_path or 'defaults'})", flush=True)
+    resolve_model_path(cfg)  # a missing model or task set fails here: before a run folder exists or Ray starts
+    tasks = load_task_sources(cfg)
+    run_dir = _make_run_dir(cfg, config_path)
 
     # Load torch's libraries before Ray starts: under `ray job submit --working-dir`, importing torch
     # after ray.init() sometimes died with "oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"
     # (4 of 17 tries), never when torch came first (0 of 8).
     import torch  # noqa: F401
 
-    owns_ray = _init_ray(cfg)
+    owns_ray = init_ray(cfg)
     t_start = time.perf_counter()
     trainer = Trainer(cfg, run_dir, tasks)
-    evals: dict[str, dict[str, float]] = {}
     try:
-        if cfg.train.eval_at_start:
-            evals["start"] = trainer.evaluate()
-            trainer.metrics.log(0, {f"eval/{k}": v for k, v in evals["start"].items()})
-            start = evals["start"]
-            print(f"held-out at start: success {start['success']:.2f} on {int(start['episodes'])} tasks "
-                  f"({start['seconds']:.0f}s)", flush=True)
-        deadline = trainer.deadline = t_start + cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
-        for step in range(1, cfg.train.steps + 1):
-            m = trainer.step(step, last=step == cfg.train.steps)
-            trainer.metrics.log(step, m)
-            trainer.progress.update(step, m)
-            if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
-                e = trainer.evaluate()
-                trainer.metrics.log(step, {f"eval/{k}": v for k, v in e.items()})
-            if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-                trainer.save(run_dir / f"checkpoint-{step}")
-            if deadline and time.perf_counter() > deadline:
-                print(f"train.max_minutes reached after step {step}", flush=True)
-                break
-        trainer.progress.close()
-        # async: rollouts started for a step that will not run (the time limit fell during the
-        # update) finish before the engines get the final weights; they are discarded
-        trainer.settle(discard_pending=True)
-        if cfg.train.eval_at_end:
-            evals["end"] = trainer.evaluate()
-            trainer.metrics.log(step, {f"eval/{k}": v for k, v in evals["end"].items()})
-        trainer.save(run_dir / "final")
+        evals = _run(trainer, cfg, run_dir, t_start)
     finally:
         trainer.shutdown()
         if owns_ray:
@@ -387,6 +277,60 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
     (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))
     write_report(run_dir)
     print(f"training took {(time.perf_counter() - t_start) / 60:.1f} min; metrics in {run_dir}", flush=True)
+    _print_evals(evals)
+    return evals
+
+
+def _make_run_dir(cfg: Config, config_path: str | None) -> Path:
+    """``run.output_dir/<run.name>-<timestamp>/`` with the resolved config in it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-{stamp}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    print(f"agentrl: run {run_dir} (config {config_path or 'defaults'})", flush=True)
+    return run_dir
+
+
+def _run(trainer: Trainer, cfg: Config, run_dir: Path, t_start: float) -> dict[str, dict[str, float]]:
+    """The evaluations, the steps and the checkpoints; returns the start/end evaluations."""
+    evals: dict[str, dict[str, float]] = {}
+    if cfg.train.eval_at_start:
+        evals["start"] = start = _evaluate(trainer, 0)
+        print(f"held-out at start: success {start['success']:.2f} on {int(start['episodes'])} tasks "
+              f"({start['seconds']:.0f}s)", flush=True)
+    deadline = trainer.deadline = t_start + cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
+    for step in range(1, cfg.train.steps + 1):
+        m = trainer.step(step, last=step == cfg.train.steps)
+        trainer.metrics.log(step, m)
+        trainer.progress.update(step, m)
+        if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
+            _evaluate(trainer, step)
+        if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+            trainer.save(run_dir / f"checkpoint-{step}")
+        if deadline and time.perf_counter() > deadline:
+            print(f"train.max_minutes reached after step {step}", flush=True)
+            break
+    trainer.progress.close()
+    # async: rollouts started for a step that will not run (the time limit fell during the
+    # update) finish before the engines get the final weights; they are discarded
+    trainer.settle(discard_pending=True)
+    if cfg.train.eval_at_end:
+        evals["end"] = _evaluate(trainer, step)
+    trainer.save(run_dir / "final")
+    return evals
+
+
+def _evaluate(trainer: Trainer, step: int) -> dict[str, float]:
+    """A held-out evaluation, logged as ``eval/*`` at ``step``."""
+    e = trainer.evaluate()
+    trainer.metrics.log(step, {f"eval/{k}": v for k, v in e.items()})
+    return e
+
+
+def _print_evals(evals: dict[str, dict[str, float]]) -> None:
+    """The two evaluation tables and the last line, ``held-out success: START -> END``."""
+    from agentrl.telemetry.progress import eval_table
+
     if evals:
         eval_table("held-out evaluation (greedy)",
                    {row: {k: v for k, v in e.items() if "/" not in k} for row, e in evals.items()})
@@ -394,4 +338,3 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
             row: {k: v for k, v in e.items() if "/" in k} for row, e in evals.items()})
     if "start" in evals and "end" in evals:
         print(f"held-out success: {evals['start']['success']:.2f} -> {evals['end']['success']:.2f}", flush=True)
-    return evals

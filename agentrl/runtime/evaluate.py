@@ -19,21 +19,12 @@ import ray
 
 from agentrl.config.schema import Config
 from agentrl.rewards.behaviours import behaviour_rates
+from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
+from agentrl.telemetry.summaries import summarize
 
 # The gold replay is not a model: give it room for long-context tool outputs and every gold step
 # (BFCL turns take up to ~20 calls; long_context observations run to thousands of tokens).
 GOLD_LIMITS = {"max_new_tokens": 100_000, "max_assistant_messages_per_turn": 64, "max_episode_tokens": 10_000_000}
-
-
-def summarize(results: list[dict]) -> dict[str, tuple[int, float]]:
-    """{category: (entries, accuracy)} plus "overall"; accuracy = mean outcome."""
-    by_cat: dict[str, list[float]] = defaultdict(list)
-    for r in results:
-        by_cat[r["category"]].append(r["outcome"])
-    out = {c: (len(v), sum(v) / len(v)) for c, v in sorted(by_cat.items())}
-    all_ = [r["outcome"] for r in results]
-    out["overall"] = (len(all_), sum(all_) / len(all_) if all_ else 0.0)
-    return out
 
 
 def first_per_category(tasks: list, limit: int | None) -> list:
@@ -53,45 +44,30 @@ def first_per_category(tasks: list, limit: int | None) -> list:
 
 def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path,
              limit: int | None = None) -> dict[str, tuple[int, float]]:
-    from agentrl.runtime.driver import _init_ray, _model_path, _shard
-    from agentrl.runtime.rollout_worker import RolloutWorker
-    from agentrl.runtime.simulator_pool import SimulatorPool, start_sgls_server
     from agentrl.tasks.io import resolve_task_sources
 
     tasks = first_per_category(resolve_task_sources(source), limit)  # errors: the CLI reports them
-    model_path = _model_path(cfg)
-    rollout = cfg.rollout.model_copy(update=GOLD_LIMITS) if gold else cfg.rollout
+    model_path = resolve_model_path(cfg)
     print(f"agentrl eval: {len(tasks)} tasks from {source}, policy {'gold' if gold else model_path}", flush=True)
     import torch  # noqa: F401  (before Ray; see driver.train)
 
-    owns_ray = _init_ray(cfg)
+    owns_ray = init_ray(cfg)
     t0 = time.perf_counter()
-    rt = cfg.runtime
     try:
         if any(t.backend == "sgls" for t in tasks) and cfg.simulators.sgls is None:
             raise ValueError(f"{source} has tasks with backend 'sgls' (LLM-simulated tools): set simulators.sgls")
-        pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency,
-                                    start_sgls_server(cfg, cfg.model.dtype), cfg.simulators.sgls)
-        n_workers = cfg.rollout.num_workers
-        workers = [
-            RolloutWorker.options(num_cpus=rt.rollout_worker_cpus, num_gpus=0 if gold else rt.rollout_worker_gpus).remote(
-                model_path, rollout, cfg.model.dtype, pool.actors, i, rewards_cfg=cfg.rewards)
-            for i in range(n_workers)
-        ]
-        ray.get([w.start.remote(engine=not gold) for w in workers])
-        shards = _shard(tasks, n_workers)
-        results = [r for rs in ray.get([w.evaluate.remote(s, gold) for w, s in zip(workers, shards) if s]) for r in rs]
-        ray.get([w.shutdown.remote() for w in workers])
+        rollout = cfg.rollout.model_copy(update=GOLD_LIMITS) if gold else cfg.rollout
+        side = RolloutSide.create(cfg, model_path, rollout_cfg=rollout, engine=not gold)
+        side.start()
+        results = side.evaluate(tasks, gold)
+        side.shutdown_workers()
     finally:
         if owns_ray:
             ray.shutdown()
     order = {t.id: i for i, t in enumerate(tasks)}
     results.sort(key=lambda r: order[r["task_id"]])
     out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as f:
-        for r in results:
-            f.write(json.dumps(r) + "\n")
+    _write_results(results, out)
     summary = summarize(results)
     print(f"{'category':<16}{'entries':>8}{'accuracy':>10}")
     for cat, (n, acc) in summary.items():
@@ -102,3 +78,11 @@ def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path,
     print(f"per-entry results: {out} ({time.perf_counter() - t0:.0f}s)")
     print(f"overall accuracy: {summary['overall'][1]:.4f}", flush=True)
     return summary
+
+
+def _write_results(results: list[dict], out: Path) -> None:
+    """One JSON object per entry."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as f:
+        for r in results:
+            f.write(json.dumps(r) + "\n")

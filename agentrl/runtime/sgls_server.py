@@ -46,7 +46,7 @@ class EngineLLM:
         return self.loop.run(self.engine.generate_json(messages, json_schema, self.max_tokens, self.temperature, seed))
 
 
-def _start_engine(loop: BackgroundLoop, model_path: str, engine_cfg, dtype: str, seed: int):
+def start_engine(loop: BackgroundLoop, model_path: str, engine_cfg, dtype: str, seed: int):
     """Build the engine *on* ``loop``, so vLLM's output handler belongs to the loop that serves it."""
     from agentrl.engines.vllm_engine import VLLMEngine
 
@@ -56,7 +56,7 @@ def _start_engine(loop: BackgroundLoop, model_path: str, engine_cfg, dtype: str,
     return loop.run(make())
 
 
-def _stop_engine(loop: BackgroundLoop, engine) -> None:
+def stop_engine(loop: BackgroundLoop, engine) -> None:
     """Shut the engine down *on* ``loop`` and let its cancelled output handler finish there, so
     no pending task keeps the engine alive until interpreter exit (where vLLM's ``__del__``
     would run against a half-torn-down interpreter)."""
@@ -90,7 +90,7 @@ class SGLSServer:
             if engine_cfg is None:
                 raise ValueError("SGLSServer: model_path needs engine_cfg (kv_cache_gib, max_model_len, ...)")
             self._loop = BackgroundLoop("sgls-engine")
-            self.engine = _start_engine(self._loop, str(model_path), engine_cfg, dtype, engine_seed)
+            self.engine = start_engine(self._loop, str(model_path), engine_cfg, dtype, engine_seed)
             self.llm: Any = EngineLLM(self.engine, self._loop, temperature, max_tokens)
         else:
             self.llm = OpenAILLM(endpoint, temperature, max_tokens)
@@ -109,7 +109,7 @@ class SGLSServer:
     def shutdown(self) -> None:
         """Stop the engine (its core process) and the loops; the actor is unusable afterwards."""
         if self.engine is not None:
-            _stop_engine(self._loop, self.engine)
+            stop_engine(self._loop, self.engine)
             self.engine = None
         if isinstance(self.llm, OpenAILLM):
             self.llm.close()

@@ -52,15 +52,15 @@ def build_synthesizer(rods_cfg, dtype: str = "float32"):
 
         return LLMSynthesizer(llm, llm_cfg, judge_llm=judge), close_endpoint
     from agentrl.envs.sgls.backend import BackgroundLoop
-    from agentrl.runtime.sgls_server import EngineLLM, _start_engine, _stop_engine
+    from agentrl.runtime.sgls_server import EngineLLM, start_engine, stop_engine
 
     loop = BackgroundLoop("rods-engine")
-    engine = _start_engine(loop, llm_cfg.model_path, llm_cfg.engine, dtype, rods_cfg.seed)
+    engine = start_engine(loop, llm_cfg.model_path, llm_cfg.engine, dtype, rods_cfg.seed)
     llm = EngineLLM(engine, loop, llm_cfg.temperature, llm_cfg.max_tokens)
     judge = EngineLLM(engine, loop, 0.0, llm_cfg.max_tokens)
 
     def close_engine():
-        _stop_engine(loop, engine)
+        stop_engine(loop, engine)
         loop.close()
 
     return LLMSynthesizer(llm, llm_cfg, judge_llm=judge), close_engine

@@ -1,0 +1,125 @@
+"""Ray and the rollout side of a run, shared by ``agentrl train`` (driver.py) and ``agentrl eval`` (evaluate.py).
+
+* ``init_ray``: join the configured cluster (``runtime.ray_address``, ``RAY_ADDRESS``) or start an
+  embedded one with ``embedded_cpus`` logical CPUs;
+* ``resolve_model_path``: ``model.path`` as an absolute path, or a readable error;
+* ``RolloutSide``: the simulator pool (plus the SGLS server when ``simulators.sgls`` is set) and
+  the rollout workers, placed with their ``runtime.*`` resources; it fans tasks out over the
+  workers for rollouts and evaluations.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import ray
+
+from agentrl.config import Config
+
+
+def init_ray(cfg: Config) -> bool:
+    """Connect to (or start) Ray; True when this call started/connected it and should shut it down."""
+    if ray.is_initialized():
+        return False
+    if cfg.runtime.ray_address:
+        ray.init(address=cfg.runtime.ray_address, log_to_driver=True)
+    elif os.environ.get("RAY_ADDRESS"):
+        ray.init(log_to_driver=True)  # under `ray job submit`, or a user-started cluster
+    else:
+        tmp = os.environ.get("RAY_TMPDIR", "/tmp/agentrl-ray")
+        ray.init(num_cpus=embedded_cpus(cfg), include_dashboard=True, _temp_dir=tmp, log_to_driver=True)
+    return True
+
+
+def embedded_cpus(cfg: Config) -> int:
+    """Logical CPUs for an embedded cluster: at least what the actors ask for.
+
+    Ray CPUs are scheduling tokens, not cores. On a 2-core machine one rollout worker (1 CPU),
+    the learner (1 CPU) and the simulators (0.1 each) ask for 2.1, and Ray would leave an actor
+    pending forever; the engines share the cores anyway.
+    """
+    rt = cfg.runtime
+    need = rt.rollout_worker_cpus * cfg.rollout.num_workers + rt.learner_cpus + rt.simulator_cpus * cfg.simulators.num_actors
+    if cfg.simulators.sgls is not None:
+        need += cfg.simulators.sgls.num_cpus
+    if cfg.rods.enabled:
+        need += cfg.rods.num_cpus
+    return rt.num_cpus or max(os.cpu_count() or 1, math.ceil(need))
+
+
+def resolve_model_path(cfg: Config) -> str:
+    """``model.path`` resolved; exits with a hint when no model is there."""
+    path = Path(cfg.model.path)
+    if not (path / "config.json").exists():
+        hint = " Build it with `agentrl make-model`." if "tiny-agent" in str(path) else ""
+        raise SystemExit(f"error: model.path: no model at {path}.{hint}")
+    return str(path.resolve())
+
+
+def shard(items: list, n: int) -> list[list]:
+    """``items`` dealt round-robin into ``n`` lists (some empty when there are fewer than ``n``)."""
+    return [items[i::n] for i in range(n)]
+
+
+class RolloutSide:
+    """The simulator pool and ``rollout.num_workers`` rollout workers (one vLLM engine each).
+
+    ``sgls`` is the run's SGLS server actor (None unless ``simulators.sgls`` is set); every
+    simulator actor reaches it. Workers get ``runtime.rollout_worker_cpus`` / ``_gpus``.
+    """
+
+    def __init__(self, sgls, pool, workers: list, engine: bool = True):
+        self.sgls, self.pool, self.workers, self.engine = sgls, pool, workers, engine
+
+    @classmethod
+    def create(cls, cfg: Config, model_path: str, *, rollout_cfg=None, weight_sync: str = "object_store",
+               engine: bool = True) -> RolloutSide:
+        """Place the actors (they start in the background; ``start`` waits for the engines).
+
+        ``rollout_cfg`` replaces ``cfg.rollout`` for the workers (the gold replay's limits);
+        ``engine=False`` (the gold replay) asks for no GPUs and starts no vLLM engine."""
+        from agentrl.runtime.rollout_worker import RolloutWorker
+        from agentrl.runtime.simulator_pool import SimulatorPool, start_sgls_server
+
+        rt = cfg.runtime
+        sgls = start_sgls_server(cfg, cfg.model.dtype)
+        pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency, sgls,
+                                    cfg.simulators.sgls)
+        rollout_cfg = cfg.rollout if rollout_cfg is None else rollout_cfg
+        options = {"num_cpus": rt.rollout_worker_cpus, "num_gpus": rt.rollout_worker_gpus if engine else 0}
+        workers = [
+            RolloutWorker.options(**options).remote(model_path, rollout_cfg, cfg.model.dtype, pool.actors, i,
+                                                    weight_sync=weight_sync, rewards_cfg=cfg.rewards)
+            for i in range(cfg.rollout.num_workers)
+        ]
+        return cls(sgls, pool, workers, engine)
+
+    def start(self) -> list[float]:
+        """Build every worker's engine (and tokenizer); returns each worker's start seconds."""
+        return ray.get([w.start.remote(engine=self.engine) for w in self.workers])
+
+    def rollout(self, tasks: list, rollout_cfg, tag: int) -> list:
+        """Start ``rollout_cfg.group_size`` episodes per task, tasks split over the workers; returns
+        the pending calls (each resolves to (group summaries, group refs)). Worker ``i`` tags its
+        groups ``tag + i`` (episode seeds)."""
+        return [
+            w.rollout.remote(part, rollout_cfg.group_size, rollout_cfg.temperature, rollout_cfg.top_p, tag + i)
+            for i, (w, part) in enumerate(zip(self.workers, shard(tasks, len(self.workers))))
+            if part
+        ]
+
+    def evaluate(self, tasks: list, gold: bool = False) -> list[dict]:
+        """One greedy episode (or the gold replay) per task, over all workers; per-task results."""
+        calls = [w.evaluate.remote(part, gold) for w, part in zip(self.workers, shard(tasks, len(self.workers))) if part]
+        return [r for rs in ray.get(calls) for r in rs]
+
+    def shutdown_workers(self) -> None:
+        ray.get([w.shutdown.remote() for w in self.workers])
+
+    def shutdown(self) -> None:
+        """Stop the engines, then the SGLS server's."""
+        self.shutdown_workers()
+        if self.sgls is not None:
+            ray.get(self.sgls.shutdown.remote())

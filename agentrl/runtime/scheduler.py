@@ -1,0 +1,102 @@
+"""RolloutScheduler: which weights each step's rollouts run on, and when new weights may load.
+
+The rule it enforces: **never load weights while an episode is in flight.** An episode whose
+tokens came from two policies belongs to neither; its logprobs would match no learner version.
+So ``sync`` first waits for every rollout call in flight, and the load itself
+(``_load_weights``) raises if any call is still running; no caller can get around it.
+
+Two modes (``train.async_rollouts``):
+
+* off (default): ``take(k)`` launches step k's rollouts on the newest weights and waits for
+  them; after the update, ``updated(v)`` loads version v at once. Every batch is on-policy.
+* on: while the learner trains on step k, ``prefetch(k + 1)`` launches step k+1's rollouts on
+  the engines' current weights. ``updated(v)`` only records that v is due; it is loaded by the
+  ``sync`` that follows ``take(k + 1)`` (those rollouts are back by then). Every batch after the
+  first is therefore one policy version behind the learner (one-step off-policy), which the
+  truncated importance weights correct. ``prefetch`` launches nothing when told not to: the
+  last step, or past ``train.max_minutes``.
+
+Before an evaluation or the end of a run, ``sync`` brings the engines to the learner's latest
+weights; rollouts in flight are waited for first, and kept for their step unless
+``discard_in_flight`` (no step will use them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import ray
+
+NO_LOAD_IN_FLIGHT = "never load weights while an episode is in flight"
+
+
+class RolloutScheduler:
+    """Owns the rollout calls in flight and the learner version the engines still have to load.
+
+    ``launch(step)``: start step ``step``'s rollouts, returning the pending Ray calls.
+    ``weight_sync``: an object with ``sync(version)`` (``runtime/weight_sync.py``).
+    """
+
+    def __init__(self, launch: Callable[[int], list], weight_sync, async_rollouts: bool):
+        self._launch = launch
+        self._weight_sync = weight_sync
+        self.async_rollouts = async_rollouts
+        self.in_flight: list = []  # rollout calls launched and not yet taken by their step
+        self._due: int | None = None  # a learner version the engines have not loaded yet
+
+    @property
+    def sync_due(self) -> bool:
+        """The engines are behind the learner (async mode between an update and the next sync)."""
+        return self._due is not None
+
+    def take(self, step: int) -> list:
+        """Step ``step``'s rollout results: the calls launched ahead for it (async mode) or, with
+        nothing in flight, calls launched now on the newest weights."""
+        if not self.in_flight:
+            self.sync()
+            self.in_flight = self._launch(step)
+        results = ray.get(self.in_flight)
+        self.in_flight = []
+        return results
+
+    def prefetch(self, step: int, allowed: bool) -> None:
+        """Async mode: launch step ``step``'s rollouts now, on the engines' current weights, so they
+        run while the learner trains; nothing in sync mode or when not ``allowed``."""
+        if not (self.async_rollouts and allowed):
+            return
+        if self.in_flight:
+            raise RuntimeError("rollouts for a step are already in flight; take() them first")
+        self.in_flight = self._launch(step)
+
+    def updated(self, version: int) -> None:
+        """The learner has produced ``version``. Sync mode loads it now; async mode holds it back
+        while the next step's rollouts (on the previous weights) run."""
+        self._due = version
+        if not self.async_rollouts:
+            self.sync()
+
+    def sync(self, discard_in_flight: bool = False) -> None:
+        """Bring the engines to the learner's latest weights, after every in-flight rollout is done.
+
+        The waited-for results stay for their step, unless ``discard_in_flight``."""
+        if self.in_flight:
+            ray.wait(self.in_flight, num_returns=len(self.in_flight))
+            if discard_in_flight:
+                self.in_flight = []
+        if self._due is not None:
+            self._load_weights(self._due)
+            self._due = None
+
+    def running(self) -> list:
+        """The in-flight rollout calls that have not finished."""
+        if not self.in_flight:
+            return []
+        # fetch_local=False: a call counts as done when it has finished, wherever its result is
+        _, not_ready = ray.wait(self.in_flight, num_returns=len(self.in_flight), timeout=0, fetch_local=False)
+        return not_ready
+
+    def _load_weights(self, version: int) -> None:
+        running = self.running()
+        if running:
+            raise RuntimeError(f"{NO_LOAD_IN_FLIGHT}: {len(running)} rollout call(s) still running")
+        self._weight_sync.sync(version)

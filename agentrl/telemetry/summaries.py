@@ -1,0 +1,89 @@
+"""Metrics from what the workers report: pure functions, no Ray, no torch.
+
+``step_metrics`` turns one training step's group summaries (``rollout_worker.group_summary``),
+phase timings and the learner's metrics into the ``train/*``, ``perf/*``, ``time/*``,
+``reward/*`` and ``learner/*`` scalars the driver logs. ``eval_metrics`` turns the per-episode
+results of a held-out evaluation (``RolloutWorker.evaluate``) into the ``eval/*`` scalars
+(without the prefix): success, progress, calls, success per category and behaviour rates.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping
+
+from agentrl.rewards.behaviours import behaviour_rates
+
+# the phases of a step the driver times (seconds); ``generate`` comes from the summaries instead
+STEP_TIMINGS = ("rollout_wait", "learn", "sync", "step")
+
+
+def summarize(results: list[dict]) -> dict[str, tuple[int, float]]:
+    """{category: (entries, accuracy)} plus "overall"; accuracy = mean outcome."""
+    by_cat: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        by_cat[r["category"]].append(r["outcome"])
+    out = {c: (len(v), sum(v) / len(v)) for c, v in sorted(by_cat.items())}
+    all_ = [r["outcome"] for r in results]
+    out["overall"] = (len(all_), sum(all_) / len(all_) if all_ else 0.0)
+    return out
+
+
+def step_metrics(summaries: list[dict], timings: Mapping[str, float], learn: Mapping[str, float],
+                 version: int) -> dict[str, float]:
+    """One step's metrics from its group summaries.
+
+    ``timings``: seconds per phase, keys ``STEP_TIMINGS`` (``rollout_wait``: generation time not
+    hidden behind learning). ``learn``: the learner's metrics ({} when nothing was trained).
+    ``version``: the learner's policy version after this step's update.
+    """
+    outcomes = [o for s in summaries for o in s["outcome"]]
+    progress = [p for s in summaries for p in s["progress"]]
+    n = max(1, len(outcomes))
+    tokens = sum(s["policy_tokens"] for s in summaries)
+    group_std = [statistics.pstdev(s["progress"]) for s in summaries]
+    t_gen = max((s["wall_seconds"] for s in summaries), default=0.0)
+    calls = sum(s["calls"] for s in summaries)
+    valid = sum(s["valid_calls"] for s in summaries)
+    m = {
+        "train/success": sum(outcomes) / n,
+        "train/progress": sum(progress) / n,
+        "train/reward_std": sum(group_std) / max(1, len(group_std)),
+        # groups whose progress rewards differ: the ones a group-relative estimator learns from
+        "train/groups_with_variance": sum(sd > 0 for sd in group_std) / max(1, len(group_std)),
+        "train/episodes": float(len(outcomes)),
+        "train/policy_tokens": float(tokens),
+        "perf/tokens_per_s": tokens / max(t_gen, 1e-9),
+        "train/calls_per_episode": calls / n,
+        "train/valid_call_fraction": valid / max(1, calls),
+        "train/redundant_call_fraction": sum(s["redundant_calls"] for s in summaries) / max(1, valid),
+        "time/generate": t_gen,
+        **{f"time/{k}": timings[k] for k in STEP_TIMINGS},
+        "train/policy_version": float(version),
+        "train/policy_lag": float(version - 1 - min(s["version"] for s in summaries)) if summaries else 0.0,
+    }
+    # HierR components, summary reward, omission rate: means over groups (groups are equal-sized)
+    for key in (summaries[0]["rewards"] if summaries else {}):
+        m[f"reward/{key}"] = sum(s["rewards"][key] for s in summaries) / len(summaries)
+    m.update({f"learner/{k}": float(v) for k, v in learn.items()})
+    return m
+
+
+def eval_metrics(results: list[dict], seconds: float) -> dict[str, float]:
+    """A held-out evaluation's summary from its per-episode results (greedy, one per task)."""
+    n = max(1, len(results))
+    out = {
+        "success": sum(r["outcome"] for r in results) / n,
+        "progress": sum(r["progress"] for r in results) / n,
+        "mean_calls": sum(r["calls"] for r in results) / n,
+        "redundant_call_rate": sum(r["redundant_calls"] for r in results) / max(1, sum(r["valid_calls"] for r in results)),
+        "episodes": float(len(results)),
+        "seconds": seconds,
+    }
+    # what changed, not only how much: success per category and the rate of each behaviour
+    for cat, (_, acc) in summarize(results).items():
+        if cat != "overall":
+            out[f"success/{cat}"] = acc
+    out.update({f"behaviour/{k}": v for k, v in behaviour_rates([r["behaviours"] for r in results]).items()})
+    return out

@@ -1,0 +1,117 @@
+"""RolloutScheduler (runtime/scheduler.py) with a stand-in for Ray: which weights each step's
+rollouts run on, and no weight load while a rollout call is running. No cluster needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.runtime import scheduler as scheduler_mod
+from agentrl.runtime.scheduler import NO_LOAD_IN_FLIGHT, RolloutScheduler
+
+
+class Call:
+    """A rollout call: finishes when waited for (``ray.get`` / a blocking ``ray.wait``)."""
+
+    def __init__(self, step: int, engine_version: int):
+        self.step, self.engine_version, self.done = step, engine_version, False
+
+
+class FakeRay:
+    @staticmethod
+    def get(calls):
+        for c in calls:
+            c.done = True
+        return [(c.step, c.engine_version) for c in calls]
+
+    @staticmethod
+    def wait(calls, num_returns=1, timeout=None, fetch_local=True):
+        if timeout is None:
+            for c in calls:
+                c.done = True
+        return [c for c in calls if c.done], [c for c in calls if not c.done]
+
+
+class Engines:
+    """The rollout workers' weights and the weight sync (records every load)."""
+
+    def __init__(self):
+        self.version = 0
+        self.loads: list[int] = []
+
+    def sync(self, version: int) -> None:
+        self.loads.append(version)
+        self.version = version
+
+
+@pytest.fixture
+def engines(monkeypatch):
+    monkeypatch.setattr(scheduler_mod, "ray", FakeRay)
+    return Engines()
+
+
+def make(engines: Engines, async_rollouts: bool) -> RolloutScheduler:
+    return RolloutScheduler(lambda step: [Call(step, engines.version), Call(step, engines.version)], engines,
+                            async_rollouts)
+
+
+def run_steps(s: RolloutScheduler, n: int, stop_after: int | None = None) -> list[tuple[int, int]]:
+    """The driver's use: take, sync, (train), prefetch, updated; returns (step, rollout version) per step."""
+    seen, version = [], 0
+    for step in range(1, n + 1):
+        results = s.take(step)
+        s.sync()
+        assert {r[0] for r in results} == {step}
+        seen.append((step, results[0][1]))
+        version += 1  # the learner trains on the batch
+        s.prefetch(step + 1, allowed=step < n and (stop_after is None or step < stop_after))
+        s.updated(version)
+    return seen
+
+
+def test_sync_mode_rolls_out_every_step_on_the_newest_weights(engines):
+    s = make(engines, async_rollouts=False)
+    assert run_steps(s, 3) == [(1, 0), (2, 1), (3, 2)]
+    assert engines.loads == [1, 2, 3] and not s.sync_due and not s.in_flight
+
+
+def test_async_mode_is_one_version_behind_and_the_update_waits_for_the_rollouts(engines):
+    s = make(engines, async_rollouts=True)
+    assert run_steps(s, 3) == [(1, 0), (2, 0), (3, 1)]  # step k+1 ran on the weights before update k
+    assert engines.loads == [1, 2] and s.sync_due  # v3 is held back: nothing rolls out after the last step
+    s.sync(discard_in_flight=True)
+    assert engines.loads == [1, 2, 3] and not s.sync_due
+
+
+def test_async_mode_launches_nothing_when_not_allowed_then_rolls_out_on_the_newest(engines):
+    s = make(engines, async_rollouts=True)
+    # only step 1 launches ahead; steps 3 and 4 find nothing in flight and roll out on the newest weights
+    assert run_steps(s, 4, stop_after=2) == [(1, 0), (2, 0), (3, 2), (4, 3)]
+
+
+def test_sync_waits_for_rollouts_in_flight_and_keeps_them_for_their_step(engines):
+    s = make(engines, async_rollouts=True)
+    s.take(1)
+    s.prefetch(2, allowed=True)
+    s.updated(1)
+    assert s.running() and engines.loads == []
+    s.sync()  # an evaluation: the step-2 rollouts finish first, then v1 loads
+    assert not s.running() and engines.loads == [1]
+    assert s.take(2) == [(2, 0), (2, 0)]  # their results, sampled on v0, still belong to step 2
+
+
+def test_weights_never_load_while_a_rollout_call_runs(engines):
+    s = make(engines, async_rollouts=True)
+    s.take(1)
+    s.prefetch(2, allowed=True)
+    s._due = 1  # even called directly, the load refuses while step 2's calls run
+    with pytest.raises(RuntimeError, match=NO_LOAD_IN_FLIGHT):
+        s._load_weights(1)
+    assert engines.loads == []
+    with pytest.raises(RuntimeError, match="already in flight"):
+        s.prefetch(3, allowed=True)
+
+
+def test_sync_mode_prefetches_nothing(engines):
+    s = make(engines, async_rollouts=False)
+    s.prefetch(2, allowed=True)
+    assert s.in_flight == []
