@@ -282,7 +282,7 @@ class DeepSpeedLearner:
         acfg, lcfg = self.algo_cfg, self.learner_cfg
         use_critic = "token_rewards" in batch
         if use_critic and self.critic is None:
-            raise ValueError("batch has token_rewards but this learner has no critic (algo.advantage must be ppo)")
+            raise ValueError("batch has token_rewards but this learner has no critic (the estimator must declare needs_critic)")
 
         minis = self._build_mini_batches(batch)
         micro = [m for mini in minis for m in mini]
