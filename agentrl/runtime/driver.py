@@ -24,6 +24,7 @@ from pathlib import Path
 import ray
 
 from agentrl.config import Config, dump_config
+from agentrl.envs.builtin.generator import text_key
 from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
 from agentrl.runtime.env import set_default_env
 from agentrl.runtime.scheduler import RolloutScheduler
@@ -115,7 +116,7 @@ class Trainer:
         model_path = resolve_model_path(cfg)
         heldout = tasks["heldout"]
         self.heldout = heldout[: cfg.tasks.heldout_size] if cfg.tasks.heldout_size else heldout
-        heldout_keys = {tuple(turn.user for turn in t.turns) for t in heldout}  # held-out tasks as their user turns
+        heldout_keys = {text_key(t) for t in heldout}  # held-out tasks as their tuples of user turns
         self.sampler = None if cfg.rods.enabled else TaskSampler(cfg, tasks["train"], heldout_keys)
         self.rods = start_synthesis_actor(cfg, tasks, heldout) if cfg.rods.enabled else None
         rt = cfg.runtime
