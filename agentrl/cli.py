@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from agentrl.runtime.env import set_default_env
+from agentrl.runtime.process_env import set_default_env
 
 # Before anything can import transformers/vLLM: offline hubs, caches under ./.cache, CPU DeepSpeed.
 set_default_env()

@@ -26,12 +26,12 @@ def greedy_vs_sampled(model: str, tasks: list, samples: int, temperature: float)
     from agentrl.config import load_config
     from agentrl.runtime.cluster import init_ray
     from agentrl.runtime.rollout_worker import RolloutWorker
-    from agentrl.runtime.simulator_pool import SimulatorPool
+    from agentrl.runtime.tool_pool import ToolPool
 
     cfg = load_config("configs/quickstart.yaml", [f"model.path={model}"])
     init_ray(cfg)
     try:
-        pool = SimulatorPool.create(1, 0.1, 64)
+        pool = ToolPool.create(1, 0.1, 64)
         worker = RolloutWorker.options(num_cpus=1).remote(model, cfg.rollout, cfg.model.dtype, pool.actors, 0)
         ray.get(worker.start.remote())
         greedy = {r["task_id"]: r["outcome"] for r in ray.get(worker.evaluate.remote(tasks))}
@@ -98,7 +98,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from agentrl.envs.builtin.generator import builtin_split
-    from agentrl.runtime.env import set_default_env
+    from agentrl.runtime.process_env import set_default_env
 
     set_default_env()
     heldout = builtin_split("heldout")

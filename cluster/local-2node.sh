@@ -111,7 +111,7 @@ MSG
 if (( 2 * SPLIT > BIG )); then
   cat <<MSG
   # rollout worker and learner on different nodes (each takes a whole node's CPUs):
-  agentrl train configs/quickstart.yaml runtime.rollout_worker_cpus=$SPLIT runtime.learner_cpus=$SPLIT runtime.simulator_cpus=0
+  agentrl train configs/quickstart.yaml runtime.rollout_worker_cpus=$SPLIT runtime.learner_cpus=$SPLIT runtime.tool_actor_cpus=0
 MSG
 fi
 cat <<MSG

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.cli import main
-from agentrl.runtime.env import CACHE_DIRS
+from agentrl.runtime.process_env import CACHE_DIRS
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")

@@ -19,7 +19,7 @@ def test_shard_deals_round_robin():
 def test_embedded_cpus_cover_what_the_actors_ask_for():
     many = load_config(None, ["rollout.num_workers=8", "runtime.rollout_worker_cpus=2", "rods.enabled=true",
                               "rods.num_cpus=3"])
-    assert embedded_cpus(many) == max(os.cpu_count() or 1, math.ceil(8 * 2 + 1 + 0.1 * many.simulators.num_actors + 3))
+    assert embedded_cpus(many) == max(os.cpu_count() or 1, math.ceil(8 * 2 + 1 + 0.1 * many.tools.num_actors + 3))
     assert embedded_cpus(load_config(None, ["runtime.num_cpus=3"])) == 3  # given: used as is
 
 

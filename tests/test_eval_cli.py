@@ -1,4 +1,4 @@
-"""``agentrl eval`` through the real runtime (Ray actors, simulator pool, per-turn checker)."""
+"""``agentrl eval`` through the real runtime (Ray actors, tool pool, per-turn checker)."""
 
 from __future__ import annotations
 

@@ -125,11 +125,11 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
     from agentrl.envs.builtin.generator import builtin_split
     from agentrl.runtime.learner import LearnerActor
     from agentrl.runtime.rollout_worker import RolloutWorker
-    from agentrl.runtime.simulator_pool import SimulatorPool
+    from agentrl.runtime.tool_pool import ToolPool
     from agentrl.runtime.weight_sync import make_weight_sync
 
     cfg = _config(tiny_model_dir, tmp_path, "learner.lr=1e-2", "algo.kl_coef=0.0")
-    pool = SimulatorPool.create(1, 0.1, 8)
+    pool = ToolPool.create(1, 0.1, 8)
     worker = RolloutWorker.options(num_cpus=1).remote(str(tiny_model_dir), cfg.rollout, "float32", pool.actors, 0)
     learner = LearnerActor.options(num_cpus=1).remote(str(tiny_model_dir), cfg.learner, cfg.algo, "float32", 0)
     ray.get(worker.start.remote())
@@ -192,10 +192,10 @@ def test_every_estimator_trains_on_real_rollouts(tiny_model_dir, ray_cluster, tm
     from agentrl.envs.builtin.generator import builtin_split
     from agentrl.runtime.learner import LearnerActor
     from agentrl.runtime.rollout_worker import RolloutWorker
-    from agentrl.runtime.simulator_pool import SimulatorPool
+    from agentrl.runtime.tool_pool import ToolPool
 
     cfg = _config(tiny_model_dir, tmp_path)
-    pool = SimulatorPool.create(1, 0.1, 8)
+    pool = ToolPool.create(1, 0.1, 8)
     worker = RolloutWorker.options(num_cpus=1).remote(str(tiny_model_dir), cfg.rollout, "float32", pool.actors, 0,
                                                       rewards_cfg=cfg.rewards)
     ray.get(worker.start.remote())

@@ -21,7 +21,7 @@ import pytest
 
 from agentrl.llm import ChatClient, LLMEndpoint
 from agentrl.rewards.judge import judge_summary
-from agentrl.runtime.env import set_default_env
+from agentrl.runtime.process_env import set_default_env
 
 pytestmark = pytest.mark.slow
 

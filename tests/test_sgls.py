@@ -385,7 +385,7 @@ def test_sgls_server_actor_shares_its_cache_across_backends(tiny_model_dir, ray_
         for obs in (a1, b1):
             jsonschema.validate(obs, output_schema(RETURNS))
         assert ep1.execute(_call(amount="x"))["error"].startswith("invalid arguments")  # never sent
-        # the second episode (another backend, as if on another simulator actor) gets the same answers
+        # the second episode (another backend, as if on another tool-pool actor) gets the same answers
         assert ep2.execute(_call()) == a1
         assert ep2.execute(_call(invoice_id="I2", amount=3)) == b1
         s = remote.stats()

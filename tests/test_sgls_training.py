@@ -35,8 +35,8 @@ def test_training_mixes_executable_and_sgls_tasks(tiny_model_dir, ray_cluster, t
         f"tasks.train=[{executable}, {sgls}]", "tasks.heldout_size=2",
         "rollout.group_size=2", "rollout.tasks_per_step=4", "rollout.max_new_tokens=48",
         "learner.micro_batch_size=4", "train.steps=2", "telemetry.progress=false",
-        f"simulators.sgls.model_path={tiny_model_dir}", "simulators.sgls.max_tokens=64",
-        "simulators.sgls.temperature=1.0",
+        f"tools.sgls.model_path={tiny_model_dir}", "tools.sgls.max_tokens=64",
+        "tools.sgls.temperature=1.0",
     ])
     train(cfg, config_path=None)
     run_dir = next((tmp_path / "runs").iterdir())
@@ -58,7 +58,7 @@ def test_tau2_gold_replay_through_sgls_scores_one(tiny_model_dir, ray_cluster, t
 
     out = tmp_path / "tau2.jsonl"
     code = main(["eval", "--tasks", "tau2:airline", "--policy", "gold", "--limit", "3", "--model", str(tiny_model_dir),
-                 "--out", str(out), f"simulators.sgls.model_path={tiny_model_dir}", "simulators.sgls.max_tokens=32"])
+                 "--out", str(out), f"tools.sgls.model_path={tiny_model_dir}", "tools.sgls.max_tokens=32"])
     assert code == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "overall accuracy: 1.0000"
     rows = [json.loads(x) for x in out.read_text().splitlines()]

@@ -301,8 +301,15 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
     return model
 
 
+# keys renamed since an earlier release: (section model, old name) -> new name
+RENAMED = {("Config", "simulators"): "tools", ("RuntimeConfig", "simulator_cpus"): "tool_actor_cpus"}
+
+
 def _unknown(name: Any, model: type[BaseModel] | None) -> str:
     known = list(model.model_fields) if model is not None else []
+    renamed = RENAMED.get((model.__name__ if model is not None else "", str(name)))
+    if renamed:
+        return f"unknown key: renamed to '{renamed}'"
     close = difflib.get_close_matches(str(name), known, n=1)
     if close:
         return f"unknown key (did you mean '{close[0]}'?)"

@@ -166,14 +166,14 @@ class SGLSConfig(Section):
 
     @model_validator(mode="after")
     def _one_llm(self) -> "SGLSConfig":
-        _require_one_llm("simulators.sgls", self.model_path, self.endpoint)
+        _require_one_llm("tools.sgls", self.model_path, self.endpoint)
         return self
 
 
-class SimulatorsConfig(Section):
-    # Number of simulator-pool actors executing tool calls.
+class ToolsConfig(Section):
+    # Number of tool-pool actors executing tool calls (each hosts executable backends' sessions).
     num_actors: PosInt = 1
-    # Concurrent tool calls one simulator actor serves.
+    # Concurrent tool calls one tool-pool actor serves.
     max_concurrency: PosInt = 64
     # Schema-guided LLM simulator for tasks with backend "sgls"; null = none (such tasks fail).
     sgls: SGLSConfig | None = None
@@ -490,8 +490,8 @@ class RuntimeConfig(Section):
     rollout_worker_cpus: NonNegFloat = 1.0
     # CPUs reserved for the learner actor.
     learner_cpus: NonNegFloat = 1.0
-    # CPUs reserved per simulator actor.
-    simulator_cpus: NonNegFloat = 0.1
+    # CPUs reserved per tool-pool actor.
+    tool_actor_cpus: NonNegFloat = 0.1
     # GPUs per rollout worker actor (its vLLM engine); 0 on CPU machines.
     rollout_worker_gpus: NonNegFloat = 0.0
     # GPUs for the learner actor (its DeepSpeed engine); 0 on CPU machines.
@@ -507,7 +507,7 @@ class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    simulators: SimulatorsConfig = Field(default_factory=SimulatorsConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     rods: RodsConfig = Field(default_factory=RodsConfig)

@@ -3,7 +3,7 @@
 * ``init_ray``: join the configured cluster (``runtime.ray_address``, ``RAY_ADDRESS``) or start an
   embedded one with ``embedded_cpus`` logical CPUs;
 * ``resolve_model_path``: ``model.path`` as an absolute path, or a readable error;
-* ``RolloutSide``: the simulator pool (plus the SGLS server when ``simulators.sgls`` is set) and
+* ``RolloutSide``: the tool pool (plus the SGLS server when ``tools.sgls`` is set) and
   the rollout workers, placed with their ``runtime.*`` resources; it fans tasks out over the
   workers for rollouts and evaluations.
 """
@@ -37,13 +37,13 @@ def embedded_cpus(cfg: Config) -> int:
     """Logical CPUs for an embedded cluster: at least what the actors ask for.
 
     Ray CPUs are scheduling tokens, not cores. On a 2-core machine one rollout worker (1 CPU),
-    the learner (1 CPU) and the simulators (0.1 each) ask for 2.1, and Ray would leave an actor
+    the learner (1 CPU) and the tool-pool actors (0.1 each) ask for 2.1, and Ray would leave an actor
     pending forever; the engines share the cores anyway.
     """
     rt = cfg.runtime
-    need = rt.rollout_worker_cpus * cfg.rollout.num_workers + rt.learner_cpus + rt.simulator_cpus * cfg.simulators.num_actors
-    if cfg.simulators.sgls is not None:
-        need += cfg.simulators.sgls.num_cpus
+    need = rt.rollout_worker_cpus * cfg.rollout.num_workers + rt.learner_cpus + rt.tool_actor_cpus * cfg.tools.num_actors
+    if cfg.tools.sgls is not None:
+        need += cfg.tools.sgls.num_cpus
     if cfg.rods.enabled:
         need += cfg.rods.num_cpus
     return rt.num_cpus or max(os.cpu_count() or 1, math.ceil(need))
@@ -64,10 +64,10 @@ def shard(items: list, n: int) -> list[list]:
 
 
 class RolloutSide:
-    """The simulator pool and ``rollout.num_workers`` rollout workers (one vLLM engine each).
+    """The tool pool and ``rollout.num_workers`` rollout workers (one vLLM engine each).
 
-    ``sgls`` is the run's SGLS server actor (None unless ``simulators.sgls`` is set); every
-    simulator actor reaches it. Workers get ``runtime.rollout_worker_cpus`` / ``_gpus``.
+    ``sgls`` is the run's SGLS server actor (None unless ``tools.sgls`` is set); every
+    tool-pool actor reaches it. Workers get ``runtime.rollout_worker_cpus`` / ``_gpus``.
     """
 
     def __init__(self, sgls, pool, workers: list, engine: bool = True):
@@ -81,12 +81,12 @@ class RolloutSide:
         ``rollout_cfg`` replaces ``cfg.rollout`` for the workers (the gold replay's limits);
         ``engine=False`` (the gold replay) asks for no GPUs and starts no vLLM engine."""
         from agentrl.runtime.rollout_worker import RolloutWorker
-        from agentrl.runtime.simulator_pool import SimulatorPool, start_sgls_server
+        from agentrl.runtime.tool_pool import ToolPool, start_sgls_server
 
         rt = cfg.runtime
         sgls = start_sgls_server(cfg, cfg.model.dtype)
-        pool = SimulatorPool.create(cfg.simulators.num_actors, rt.simulator_cpus, cfg.simulators.max_concurrency, sgls,
-                                    cfg.simulators.sgls)
+        pool = ToolPool.create(cfg.tools.num_actors, rt.tool_actor_cpus, cfg.tools.max_concurrency, sgls,
+                                    cfg.tools.sgls)
         rollout_cfg = cfg.rollout if rollout_cfg is None else rollout_cfg
         options = {"num_cpus": rt.rollout_worker_cpus, "num_gpus": rt.rollout_worker_gpus if engine else 0}
         workers = [

@@ -1,6 +1,6 @@
 """The driver loop: one process that places the actors and moves object refs between them.
 
-    sample tasks -> rollouts (workers x simulators) -> replay buffer -> learner -> weight sync
+    sample tasks -> rollouts (workers x tool pool) -> replay buffer -> learner -> weight sync
 
 ``Trainer.step`` runs five phases, one call each: (1) obtain this step's rollouts, (2) add them
 to the replay buffer (and to the RODS pool's statistics), (3) learn, (4) weight sync, (5)
@@ -26,7 +26,7 @@ import ray
 from agentrl.config import Config, dump_config
 from agentrl.envs.builtin.generator import text_key
 from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
-from agentrl.runtime.env import set_default_env
+from agentrl.runtime.process_env import set_default_env
 from agentrl.runtime.scheduler import RolloutScheduler
 from agentrl.telemetry.summaries import eval_metrics, step_metrics
 
@@ -75,9 +75,9 @@ def load_task_sources(cfg: Config) -> dict[str, list]:
         except (TaskFileError, ValueError, RuntimeError) as err:
             raise SystemExit(f"error: tasks.{key}: {err}") from None
         n_sgls = sum(t.backend == "sgls" for t in tasks)
-        if n_sgls and cfg.simulators.sgls is None:
+        if n_sgls and cfg.tools.sgls is None:
             raise SystemExit(f"error: tasks.{key}: {n_sgls} tasks use backend 'sgls' (LLM-simulated tools) but "
-                             "simulators.sgls is not set (give it model_path or endpoint)")
+                             "tools.sgls is not set (give it model_path or endpoint)")
     if cfg.rods.enabled and cfg.rods.resume_from:
         try:
             loaded["rods_state"] = json.loads(Path(cfg.rods.resume_from).read_text())
@@ -100,7 +100,7 @@ def start_synthesis_actor(cfg: Config, tasks: dict[str, list], heldout: list):
 class Trainer:
     """The actors of a run and one training step over them (``step``), plus evaluation and checkpoints.
 
-    ``rollout_side``: simulator pool and rollout workers (``runtime/cluster.py``); ``scheduler``:
+    ``rollout_side``: tool pool and rollout workers (``runtime/cluster.py``); ``scheduler``:
     the rollouts in flight and when weights load (``runtime/scheduler.py``); ``buffer``,
     ``learner``, and ``rods`` (the synthesis actor, or None) as in docs/design.md §1.
     """

@@ -1,6 +1,6 @@
 """``agentrl eval``: score a model (or the gold replay) on a task set through the real runtime.
 
-Episodes run in the same Ray rollout workers (vLLM, greedy) and simulator pool as training, and
+Episodes run in the same Ray rollout workers (vLLM, greedy) and tool pool as training, and
 are checked by the same per-turn checker; an entry passes when every turn passes. Per-entry
 results go to a JSONL file; the console shows accuracy per category and ends with
 ``overall accuracy: X.XXXX``. ``--policy gold`` replays each task's ground truth instead of a
@@ -54,8 +54,8 @@ def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path,
     owns_ray = init_ray(cfg)
     t0 = time.perf_counter()
     try:
-        if any(t.backend == "sgls" for t in tasks) and cfg.simulators.sgls is None:
-            raise ValueError(f"{source} has tasks with backend 'sgls' (LLM-simulated tools): set simulators.sgls")
+        if any(t.backend == "sgls" for t in tasks) and cfg.tools.sgls is None:
+            raise ValueError(f"{source} has tasks with backend 'sgls' (LLM-simulated tools): set tools.sgls")
         rollout = cfg.rollout.model_copy(update=GOLD_LIMITS) if gold else cfg.rollout
         side = RolloutSide.create(cfg, model_path, rollout_cfg=rollout, engine=not gold)
         side.start()

@@ -19,7 +19,7 @@ from agentrl.runtime.batching import build_batch, shuffle_episode_rewards
 @ray.remote
 class LearnerActor:
     def __init__(self, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float = 1.0):
-        from agentrl.runtime.env import set_default_env
+        from agentrl.runtime.process_env import set_default_env
 
         set_default_env()
         from agentrl.engines.deepspeed_learner import DeepSpeedLearner

@@ -1,7 +1,7 @@
 """RolloutWorker: a Ray actor that owns one vLLM engine and runs many episodes concurrently.
 
 Every episode is an asyncio task; their generation requests meet in vLLM's continuous batcher
-and their tool calls go to the simulator pool. Finished groups are put into the object store by
+and their tool calls go to the tool pool. Finished groups are put into the object store by
 the worker itself, so only small summaries travel back to the driver; the replay buffer and the
 learner pass the object refs along.
 """
@@ -65,13 +65,13 @@ def group_summary(group: dict) -> dict:
 
 @ray.remote
 class RolloutWorker:
-    def __init__(self, model_path: str, rollout_cfg, dtype: str, simulators: list, worker_index: int = 0,
+    def __init__(self, model_path: str, rollout_cfg, dtype: str, tool_actors: list, worker_index: int = 0,
                  weight_sync: str = "object_store", rewards_cfg=None):
-        from agentrl.runtime.env import set_default_env
+        from agentrl.runtime.process_env import set_default_env
 
         set_default_env()
         self.model_path, self.cfg, self.dtype = model_path, rollout_cfg, dtype
-        self.simulators = simulators
+        self.tool_actors = tool_actors
         self.worker_index = worker_index
         self.weight_sync = weight_sync  # "nccl" builds the engine with vLLM's weight-transfer engine
         self.engine = None
@@ -88,7 +88,7 @@ class RolloutWorker:
         from transformers import AutoTokenizer
 
         from agentrl.agent.chat import ChatFormatter
-        from agentrl.runtime.simulator_pool import SimulatorPool
+        from agentrl.runtime.tool_pool import ToolPool
 
         t0 = time.perf_counter()
         if engine:
@@ -97,7 +97,7 @@ class RolloutWorker:
             self.engine = VLLMEngine(self.model_path, self.cfg.engine, dtype=self.dtype,
                                      seed=self.cfg.engine.seed + self.worker_index, weight_sync=self.weight_sync)
         self.formatter = ChatFormatter(AutoTokenizer.from_pretrained(self.model_path))
-        self.pool = SimulatorPool(self.simulators)
+        self.pool = ToolPool(self.tool_actors)
         self.limits = EpisodeLimits(
             max_new_tokens=self.cfg.max_new_tokens,
             max_assistant_messages_per_turn=self.cfg.max_assistant_messages_per_turn,
@@ -139,7 +139,7 @@ class RolloutWorker:
         apply_summary(ep, score)
 
     async def _episode(self, task: Task, sampling, group_id: str, judge: bool = True, gold: bool = False) -> Episode:
-        """One episode through the simulator pool: sampled by the engine, or (``gold``) the
+        """One episode through the tool pool: sampled by the engine, or (``gold``) the
         task's scripted gold conversation replayed through the same loop and checks."""
         from agentrl.agent.gold import GoldPolicy
 

@@ -5,7 +5,7 @@ Simulator-pool actors host episodes, and the episodes of one group can land on d
 from a group if every episode of the group consults the *same* cache, so the cache — and the LLM
 behind it — live here, in one actor, and each episode's ``SGLSBackend`` reaches it through
 ``RemoteSimulator``: a synchronous adapter that calls ``SGLSServer.simulate`` with ``ray.get``
-(backends run inside threaded simulator actors, where blocking a thread is the intended
+(backends run inside threaded tool-pool actors, where blocking a thread is the intended
 back-pressure). Validation of the call happens in the backend, before anything is sent here.
 
 The LLM is either an in-cluster vLLM engine (``model_path`` + engine config) or any
@@ -122,7 +122,7 @@ class RemoteSimulator:
     """The simulator an ``SGLSBackend`` uses on a cluster: ``SGLSServer.simulate`` via ``ray.get``.
 
     Picklable (it holds only the actor handle), so a factory closing over it can be shipped to
-    every simulator actor. ``timeout_s`` bounds one call; a timeout or a dead server raises here
+    every tool-pool actor. ``timeout_s`` bounds one call; a timeout or a dead server raises here
     and the backend turns it into an error observation.
     """
 

@@ -12,7 +12,7 @@ Two layers, so the expensive part can live in one place for the whole cluster:
   (invalid calls never reach a simulator), keeps the episode's history and asks a *simulator* —
   any object with ``ToolSimulator.simulate``'s signature — for each valid call. In-process that is
   a ``ToolSimulator``; on a cluster it is ``RemoteSimulator``, a ``ray.get`` adapter over the one
-  ``SGLSServer`` actor, so episodes of a group share one cache whichever simulator actor hosts them.
+  ``SGLSServer`` actor, so episodes of a group share one cache whichever tool-pool actor hosts them.
 
 Concurrent identical misses are computed once (the first caller decodes, the others wait for its
 answer): the G episodes of a group start together and usually open with the same call, so without
@@ -209,7 +209,7 @@ class SGLSBackend:
         try:
             response = self.simulator.simulate(self.task.id, copy.deepcopy(self._history), call,
                                                self._specs[call.name], self.task.initial_state, self.seed)
-        except Exception as exc:  # noqa: BLE001 - e.g. the simulator actor died; never raise into the episode
+        except Exception as exc:  # noqa: BLE001 - e.g. the tool-pool actor died; never raise into the episode
             response = {"error": f"simulator unavailable for {call.name}: {type(exc).__name__}: {exc}"}
         self._history.append(history_entry(call, copy.deepcopy(response)))
         return response

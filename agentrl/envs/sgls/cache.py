@@ -9,7 +9,7 @@ while episodes that diverged still get answers consistent with their own history
 Keys are canonical: JSON with sorted keys and no whitespace, so argument order never matters,
 then SHA-256 so a long history costs 64 bytes per entry. Values are stored as JSON text and
 parsed on every hit, so no caller can mutate what another caller will receive. The cache is an
-LRU bounded by entry count, guarded by one lock: simulator actors serve calls from many threads.
+LRU bounded by entry count, guarded by one lock: tool-pool actors serve calls from many threads.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Each task's gold calls are sent by G concurrent episodes (a group) through the r
 pool (Ray actors); for SGLS every response is simulated by the in-cluster vLLM engine of the
 SGLS server under JSON-constrained decoding, and the group shares the server's cache.
 
-    .venv/bin/python benchmarks/simulator_throughput.py --model .cache/models/tiny-agent
+    .venv/bin/python benchmarks/tool_pool_throughput.py --model .cache/models/tiny-agent
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def measure(pool, tasks, group_size: int, tag: str) -> tuple[int, float]:
 def main() -> None:
     from agentrl.config import load_config
     from agentrl.envs.builtin.generator import builtin_split
-    from agentrl.runtime.env import set_default_env
-    from agentrl.runtime.simulator_pool import SimulatorPool, start_sgls_server
+    from agentrl.runtime.process_env import set_default_env
+    from agentrl.runtime.tool_pool import ToolPool, start_sgls_server
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=".cache/models/tiny-agent", help="simulator LLM for SGLS")
@@ -57,9 +57,9 @@ def main() -> None:
     ray.init(num_cpus=4, include_dashboard=False, _temp_dir="/tmp/agentrl-ray-bench")
     tasks = builtin_split("heldout")[: args.tasks]
     sgls_tasks = [t.model_copy(update={"id": f"sgls-{t.id}", "backend": "sgls"}) for t in tasks]
-    cfg = load_config(None, [f"simulators.sgls.model_path={args.model}", "simulators.sgls.max_tokens=48"])
+    cfg = load_config(None, [f"tools.sgls.model_path={args.model}", "tools.sgls.max_tokens=48"])
     server = start_sgls_server(cfg)
-    pool = SimulatorPool.create(args.actors, 0.1, 256, server)
+    pool = ToolPool.create(args.actors, 0.1, 256, server)
     rows = []
     calls, secs = measure(pool, tasks, args.group_size, "exe")
     rows.append(("executable (builtin)", calls, secs, "—"))
@@ -71,7 +71,7 @@ def main() -> None:
                  f"{st['hit_rate']:.3f} ({int(st['cache_hits'])} cache hits + {int(st['shared'])} shared in flight; "
                  f"{int(st['llm_calls'])} LLM decodes for {int(st['calls'])} calls)"))
     ray.get(server.shutdown.remote())
-    print(f"{args.tasks} tasks x group of {args.group_size}, {args.actors} simulator actors\n")
+    print(f"{args.tasks} tasks x group of {args.group_size}, {args.actors} tool-pool actors\n")
     print("| backend | tool calls | seconds | calls / s | cache hit rate within groups |")
     print("|---|---|---|---|---|")
     for name, c, s, hit in rows:

@@ -1,4 +1,4 @@
-"""The simulator pool: M Ray actors hosting tool-backend sessions, one session per live episode.
+"""The tool pool: M Ray actors hosting tool-backend sessions, one session per live episode.
 
 Rollout workers never execute tools themselves: an episode opens a session on one simulator
 actor (chosen by hashing the session id, so every call of an episode lands on the actor that
@@ -18,7 +18,7 @@ from agentrl.tasks.schema import Task, ToolCall
 
 
 @ray.remote
-class SimulatorActor:
+class ToolBackendActor:
     def __init__(self, sgls_server=None, sgls_seed: int | None = None, sgls_timeout_s: float = 300.0) -> None:
         self.sessions: dict[str, LocalEnvSession] = {}
         self.calls = 0
@@ -49,7 +49,7 @@ class SimulatorActor:
 
 
 class RemoteEnvSession:
-    """``agentrl.agent.episode.EnvSession`` backed by a simulator actor."""
+    """``agentrl.agent.episode.EnvSession`` backed by a tool-pool actor."""
 
     def __init__(self, actor, session_id: str):
         self.actor = actor
@@ -65,18 +65,18 @@ class RemoteEnvSession:
         await self.actor.close.remote(self.session_id)
 
 
-class SimulatorPool:
+class ToolPool:
     def __init__(self, actors: list):
         if not actors:
-            raise ValueError("the simulator pool needs at least one actor")
+            raise ValueError("the tool pool needs at least one actor")
         self.actors = actors
 
     @classmethod
-    def create(cls, num_actors: int, num_cpus: float, max_concurrency: int, sgls_server=None, sgls_cfg=None) -> "SimulatorPool":
+    def create(cls, num_actors: int, num_cpus: float, max_concurrency: int, sgls_server=None, sgls_cfg=None) -> "ToolPool":
         seed = sgls_cfg.seed if sgls_cfg is not None else None
         timeout = sgls_cfg.request_timeout_s if sgls_cfg is not None else 300.0
-        return cls([SimulatorActor.options(num_cpus=num_cpus, max_concurrency=max_concurrency).remote(sgls_server, seed, timeout)
-                    for _ in range(num_actors)])
+        actor = ToolBackendActor.options(num_cpus=num_cpus, max_concurrency=max_concurrency)
+        return cls([actor.remote(sgls_server, seed, timeout) for _ in range(num_actors)])
 
     async def open(self, session_id: str, task: Task) -> RemoteEnvSession:
         actor = self.actors[zlib.crc32(session_id.encode()) % len(self.actors)]
@@ -85,8 +85,8 @@ class SimulatorPool:
 
 
 def start_sgls_server(cfg, dtype: str = "float32"):
-    """The run's SGLS server actor from ``simulators.sgls`` (None when not configured)."""
-    sc = cfg.simulators.sgls
+    """The run's SGLS server actor from ``tools.sgls`` (None when not configured)."""
+    sc = cfg.tools.sgls
     if sc is None:
         return None
     from agentrl.llm import LLMEndpoint
