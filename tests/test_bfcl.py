@@ -28,7 +28,7 @@ from agentrl.envs.bfcl.backend import BFCLBackend, result_text  # noqa: E402
 from agentrl.envs.bfcl.tasks import CATEGORIES, RESTORE_MESSAGE, SPLIT_SEED, _jsonl, bfcl_tasks  # noqa: E402
 from agentrl.envs.registry import make_backend  # noqa: E402
 from agentrl.envs.session import LocalEnvSession  # noqa: E402
-from agentrl.tasks.io import resolve_task_source  # noqa: E402
+from agentrl.envs.sources import resolve_task_source  # noqa: E402
 from agentrl.tasks.schema import Task, ToolCall  # noqa: E402
 
 PARITY_SEED = 1234

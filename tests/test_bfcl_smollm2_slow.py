@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_smollm2_on_bfcl_entries_end_to_end(tmp_path):
-    from agentrl.engines.smollm2 import materialize_smollm2
+    from agentrl.models.smollm2 import materialize_smollm2
 
     model = materialize_smollm2(REPO / ".cache" / "models" / "smollm2-135m-instruct")
     out = tmp_path / "results.jsonl"

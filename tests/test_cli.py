@@ -112,10 +112,10 @@ def test_train_interrupted_exits_130(fake_module, capsys):
 
 
 def test_make_model_wiring(fake_module, tmp_path, capsys):
-    from agentrl.engines.tiny_model import TinyModelRecipe  # the real recipe; only the build is faked
+    from agentrl.models.tiny_model import TinyModelRecipe  # the real recipe; only the build is faked
 
     calls = []
-    fake_module("agentrl.engines.tiny_model", TinyModelRecipe=TinyModelRecipe,
+    fake_module("agentrl.models.tiny_model", TinyModelRecipe=TinyModelRecipe,
                 make_model=lambda out_dir, seed, force, recipe, base: calls.append((out_dir, seed, force, recipe, base)))
     assert main(["make-model", "--out", str(tmp_path / "m"), "--seed", "7", "--force"]) == 0
     assert main(["make-model", "model.path=elsewhere/model"]) == 0
@@ -140,24 +140,16 @@ def test_make_model_wiring(fake_module, tmp_path, capsys):
     assert "--base: no model" in capsys.readouterr().err
 
 
-def test_tasks_export_wiring(fake_module, tmp_path, capsys):
-    class TaskFileError(Exception):
-        pass
+def test_tasks_export(tmp_path, capsys):
+    """The real export: a named source to a file that loads back; a bad source exits 2, naming it."""
+    from agentrl.tasks.io import load_tasks
 
-    saved = []
-
-    def resolve(source):
-        if source == "missing.jsonl":
-            raise TaskFileError("missing.jsonl: no such file")
-        return iter(["t1", "t2"])
-
-    fake_module("agentrl.tasks.io", TaskFileError=TaskFileError, resolve_task_source=resolve,
-                save_tasks=lambda tasks, path: saved.append((tasks, path)))
-    assert main(["tasks", "export", "builtin:heldout", "out.jsonl"]) == 0
-    assert saved == [(["t1", "t2"], "out.jsonl")]
-    assert "2 tasks" in capsys.readouterr().out
-    assert main(["tasks", "export", "missing.jsonl", "out.jsonl"]) == 2
-    assert capsys.readouterr().err == "error: missing.jsonl: no such file\n"
+    out = tmp_path / "out.jsonl"
+    assert main(["tasks", "export", "builtin:bank-heldout", str(out)]) == 0
+    assert "200 tasks" in capsys.readouterr().out
+    assert [t.id for t in load_tasks(out)][:1] == ["builtin-bank-heldout-00000"]
+    assert main(["tasks", "export", str(tmp_path / "missing.jsonl"), str(out)]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(importlib.util.find_spec("agentrl.tasks.io") is None,

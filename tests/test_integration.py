@@ -126,7 +126,7 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
     from agentrl.runtime.learner import LearnerActor
     from agentrl.runtime.rollout_worker import RolloutWorker
     from agentrl.runtime.tool_pool import ToolPool
-    from agentrl.runtime.weight_sync import make_weight_sync
+    from agentrl.weight_sync import make_weight_sync
 
     cfg = _config(tiny_model_dir, tmp_path, "learner.lr=1e-2", "algo.kl_coef=0.0")
     pool = ToolPool.create(1, 0.1, 8)

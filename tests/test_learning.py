@@ -14,8 +14,8 @@ import json
 import statistics
 
 from agentrl.config import load_config
-from agentrl.engines.tiny_model import SHIPPED
 from agentrl.envs.builtin.generator import builtin_split
+from agentrl.models.tiny_model import SHIPPED
 from agentrl.tasks.io import save_tasks
 
 STEPS = 4

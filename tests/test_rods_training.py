@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 
 
 def _seeds(source: str, n: int) -> list:
-    from agentrl.tasks.io import resolve_task_sources
+    from agentrl.envs.sources import resolve_task_sources
 
     return resolve_task_sources(source)[:n]
 

@@ -18,7 +18,6 @@ import pytest
 
 from agentrl.envs.sgls import (
     ERROR_RESPONSE_SCHEMA,
-    OpenAILLM,
     SGLSBackend,
     SimulationCache,
     ToolSimulator,
@@ -29,6 +28,7 @@ from agentrl.envs.sgls import (
     validate_output,
 )
 from agentrl.llm import LLMEndpoint
+from agentrl.llm.adapters import OpenAILLM
 from agentrl.tasks.schema import Task, ToolCall, ToolSpec
 
 RETURNS = {
@@ -348,7 +348,7 @@ def test_whitespace_detector():
 @pytest.mark.integration
 def test_vllm_generate_json_is_schema_valid_with_a_noisy_model(tiny_model_dir):
     from agentrl.config.schema import EngineConfig
-    from agentrl.envs.sgls import BackgroundLoop
+    from agentrl.llm.adapters import BackgroundLoop
     from agentrl.runtime.sgls_server import start_engine, stop_engine
 
     loop = BackgroundLoop()

@@ -25,9 +25,9 @@ def test_smollm2_simulates_tau2_airline_tools(ray_cluster):
 
     import ray
 
-    from agentrl.engines.smollm2 import materialize_smollm2
+    from agentrl.envs.sources import resolve_task_source
+    from agentrl.models.smollm2 import materialize_smollm2
     from agentrl.runtime.sgls_server import RemoteSimulator, SGLSServer
-    from agentrl.tasks.io import resolve_task_source
 
     model = materialize_smollm2(REPO / ".cache" / "models" / "smollm2-135m-instruct")
     server = SGLSServer.options(num_cpus=0.5).remote(

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrl.envs.builtin.generator import generate_tasks
-from agentrl.tasks.io import TaskFileError, load_tasks, resolve_task_source, save_tasks
+from agentrl.envs.sources import resolve_task_source
+from agentrl.tasks.io import TaskFileError, load_tasks, save_tasks
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ def _play(task, played, formatter):
 def _formatter():
     from transformers import AutoTokenizer
 
-    from agentrl.engines.tiny_model import SHIPPED
+    from agentrl.models.tiny_model import SHIPPED
 
     return ChatFormatter(AutoTokenizer.from_pretrained(SHIPPED))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from agentrl.engines.tiny_model import SHIPPED, STAMP, TinyModelRecipe, make_model
+from agentrl.models.tiny_model import SHIPPED, STAMP, TinyModelRecipe, make_model
 
 
 def _quiet(*_):

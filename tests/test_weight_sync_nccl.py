@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agentrl.runtime import weight_sync_nccl as wsn
-from agentrl.runtime.weight_sync import make_weight_sync
+from agentrl.weight_sync import make_weight_sync
+from agentrl.weight_sync import nccl as wsn
 
 
 def _tiny(tied: bool, dtype=torch.float32):

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agentrl.algos.registry import Estimator, GroupAdvantages, register_estimator
+from agentrl.rewards.scoring import step_rewards
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -59,7 +60,6 @@ def _state_ids(groups_states: list[list[str]]) -> list[Tensor]:
 
 def _step_rewards(episodes: list[dict], algo: Any) -> list[list[float]]:
     """Per-step rewards of each episode: a turn's credit on its last step (``rewards.scoring``)."""
-    from agentrl.rewards.scoring import step_rewards
 
     return [step_rewards(e["turn_passed"], e["n_turns"], e["step_turns"], algo.reward) for e in episodes]
 

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from agentrl.algos.critic import value_loss
+from agentrl.engines.deepspeed_setup import reset_prestepped_optimizer_state
 
 if TYPE_CHECKING:
     from agentrl.engines.micro_batch import MicroBatch
@@ -48,8 +49,6 @@ class DeepSpeedCritic:
         optimizer = torch.optim.AdamW(model.parameters(), lr=critic_cfg.lr, weight_decay=0.0)
         self.engine, _, _, _ = deepspeed.initialize(model=_Values(model), optimizer=optimizer, config=ds_config)
         self.engine.eval()
-        from agentrl.engines.deepspeed_learner import reset_prestepped_optimizer_state
-
         reset_prestepped_optimizer_state(self.engine)
 
     @torch.no_grad()

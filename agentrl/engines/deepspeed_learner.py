@@ -23,7 +23,6 @@ policy forward would make the PPO ratio (and the engine-vs-learner mismatch metr
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Any, Sequence
 
@@ -32,8 +31,11 @@ from torch import Tensor, nn
 
 from agentrl.algos.critic import gae, whiten
 from agentrl.algos.losses import PolicyLossConfig, policy_loss, rollout_stats
+from agentrl.algos.registry import estimator_for
+from agentrl.engines.deepspeed_setup import build_ds_config, reset_prestepped_optimizer_state, setup_single_process_env
 from agentrl.engines.hf_policy import pad_batch, token_logprobs
 from agentrl.engines.micro_batch import MicroBatch, pad_micro_batch
+from agentrl.weight_sync.object_store import weights_to_blob
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -53,62 +55,6 @@ class _PolicyLogprobs(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         return token_logprobs(self.model, input_ids, attention_mask, with_entropy=True, entropy_grad=self.entropy_grad,
                               temperature=self.temperature)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _setup_single_process_env() -> None:
-    """Rank/world env for a 1-process group; without it DeepSpeed tries MPI discovery (mpi4py).
-
-    Existing values win, so a multi-rank launcher can still set them."""
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(_free_port())
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-
-
-def build_ds_config(learner_cfg: Any, dtype: str) -> dict[str, Any]:
-    """The DeepSpeed config dict (kept separate so the settings are easy to read and test)."""
-    zero: dict[str, Any] = {"stage": learner_cfg.zero_stage}
-    if learner_cfg.zero_stage == 3:
-        # We gather full weights ourselves (GatheredParameters) for sync and saving.
-        zero["stage3_gather_16bit_weights_on_model_save"] = False
-    return {
-        "train_micro_batch_size_per_gpu": learner_cfg.micro_batch_size,
-        "gradient_accumulation_steps": 1,  # we accumulate; see the module docstring
-        "gradient_clipping": float(learner_cfg.grad_clip),
-        "zero_optimization": zero,
-        "zero_allow_untested_optimizer": True,
-        "bf16": {"enabled": dtype == "bfloat16"},
-        "fp16": {"enabled": dtype == "float16", "initial_scale_power": 16},
-        "steps_per_print": 1 << 30,  # silence DeepSpeed's own progress log
-        "wall_clock_breakdown": False,
-    }
-
-
-def reset_prestepped_optimizer_state(engine: Any) -> None:
-    """Undo DeepSpeed's warm-up optimizer step (policy and critic engines alike).
-
-    Some wrappers (``FP16_UnfusedOptimizer``, used for bf16 with ZeRO-0) call
-    ``optimizer.step()`` once with zero gradients at construction to allocate Adam state.
-    That leaves Adam's step counter at 1 with empty moments, so the bias correction of the
-    first real update is wrong (it came out 0.74x the intended size in our test). Torch
-    optimizers re-create state lazily, so clearing it restores exact AdamW semantics."""
-    opt = getattr(engine, "basic_optimizer", None)
-    state = getattr(opt, "state", None)
-    if not state:
-        return
-    steps = [s.get("step") for s in state.values() if isinstance(s, dict)]
-    if any(st is not None and float(st) > 0 for st in steps):
-        state.clear()
 
 
 class _StepMetrics:
@@ -167,7 +113,7 @@ class DeepSpeedLearner:
         """``temperature``: the rollouts' sampling temperature. The policy, the reference and the
         PPO ratio are all scored under softmax(logits / temperature), the distribution the
         episodes were drawn from (as verl does); greedy decoding is unchanged by it."""
-        _setup_single_process_env()
+        setup_single_process_env()
         import logging
 
         import deepspeed  # after the env is set: the accelerator is chosen at import
@@ -204,7 +150,6 @@ class DeepSpeedLearner:
         if algo_cfg.kl_coef > 0:
             ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=_TORCH_DTYPES[dtype])
             self.ref_model = ref.to(self.device).eval().requires_grad_(False)
-        from agentrl.algos.registry import estimator_for
 
         self.critic = None
         if estimator_for(algo_cfg).needs_critic:  # the estimator's row in algos/registry.py (plugins imported here)
@@ -437,11 +382,8 @@ class DeepSpeedLearner:
         return sd
 
     def weights_blob(self) -> bytes:
-        """``state_dict_for_inference`` serialized with safetensors (tensors are independent
-        copies, so shared storage cannot trip safetensors' aliasing check)."""
-        from safetensors.torch import save
-
-        return save({k: v.clone() for k, v in self.state_dict_for_inference().items()})
+        """``state_dict_for_inference`` as the object-store sync's safetensors blob."""
+        return weights_to_blob(self.state_dict_for_inference())
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> None:
         """HF folder (config + safetensors weights) of the current policy; the caller copies the
@@ -463,11 +405,4 @@ class DeepSpeedLearner:
             self.critic = None
 
 
-def blob_to_state_dict(blob: bytes) -> dict[str, Tensor]:
-    """Inverse of ``DeepSpeedLearner.weights_blob`` (for the rollout side and tests)."""
-    from safetensors.torch import load
-
-    return load(blob)
-
-
-__all__ = ["DeepSpeedLearner", "build_ds_config", "blob_to_state_dict"]
+__all__ = ["DeepSpeedLearner", "build_ds_config"]

@@ -37,7 +37,7 @@ class VLLMEngine:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from agentrl.runtime.weight_sync_nccl import engine_weight_transfer_kwargs
+        from agentrl.weight_sync.nccl import engine_weight_transfer_kwargs
 
         self.weight_sync = weight_sync
         extra = {}
@@ -145,7 +145,7 @@ class VLLMEngine:
             )
         from vllm.platforms import current_platform
 
-        from agentrl.runtime.weight_sync_nccl import CUDA_REQUIRED
+        from agentrl.weight_sync.nccl import CUDA_REQUIRED
 
         if not current_platform.is_cuda_alike():
             raise RuntimeError(CUDA_REQUIRED + " (this rollout engine is not on CUDA)")

@@ -28,8 +28,8 @@ class AgentRLWorkerExtension:
 
     def agentrl_load_weights(self, blob: bytes) -> int:
         """Load a safetensors blob of (checkpoint-format) weights; returns the tensor count."""
-        from safetensors.torch import load
+        from agentrl.weight_sync.object_store import blob_to_state_dict
 
-        state = load(blob)
+        state = blob_to_state_dict(blob)
         self.model_runner.model.load_weights(weights=list(state.items()))
         return len(state)

@@ -9,8 +9,10 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from agentrl.envs.builtin import TOOL_OWNERS
 from agentrl.envs.checker import canonical, gold_replay
 from agentrl.rods.llm_prompts import REF_RE
+from agentrl.rods.signature import skill_signature
 from agentrl.tasks.schema import Task, ToolCall
 
 
@@ -154,7 +156,6 @@ def tool_classes_of(task: Task) -> dict[str, str]:
     """Tool name -> backend class (builtin owners; BFCL's class docs; else the description's
     "belongs to the X" or the domain)."""
     if task.backend == "builtin":
-        from agentrl.envs.builtin import TOOL_OWNERS
 
         return {t.name: TOOL_OWNERS.get(t.name, task.domain) for t in task.tools}
     out: dict[str, str] = {}
@@ -175,7 +176,6 @@ def tool_classes_of(task: Task) -> dict[str, str]:
 def signature_text(seed: Task, tool_class: dict[str, str]) -> str:
     """The seed's skill signature in words, for the planner (a hint: never enforced)."""
     try:
-        from agentrl.rods.signature import skill_signature
 
         s = skill_signature(seed)
         edges = ", ".join(f"call {i} -> call {j}" for i, j in s.edges) or "none"

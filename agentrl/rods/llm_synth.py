@@ -54,6 +54,7 @@ from typing import Any
 import jsonschema
 
 from agentrl.envs.base import is_error
+from agentrl.envs.builtin import BUILTIN_CLASSES, DAYS
 from agentrl.envs.checker import canonical, gold_replay
 from agentrl.envs.registry import make_backend
 from agentrl.rods import llm_prompts as P
@@ -401,7 +402,6 @@ class LLMSynthesizer:
     def _distractors(self, task: Task, ctx: _Ctx, rng: random.Random) -> dict[str, Any]:
         """The builtin state plus ``long_context_records`` distractor records per class of the
         task's tools (fresh ids, titles/paths unlike any in the state or the gold calls)."""
-        from agentrl.envs.builtin import BUILTIN_CLASSES, DAYS
 
         state = copy.deepcopy(task.initial_state)
         taken = canonical(state) + canonical([c.model_dump() for u in range(len(task.turns)) for c in task.gold_calls(u)])

@@ -20,6 +20,7 @@ import random
 
 from agentrl.envs.builtin.generator import CATEGORIES, Shape, draw_shaped
 from agentrl.envs.builtin.ops import Reject
+from agentrl.rods.resample_bfcl import BFCLResampler
 from agentrl.rods.signature import skill_signature
 from agentrl.rods.synthesizer import SynthesisResult, text_key
 from agentrl.tasks.schema import Task
@@ -93,7 +94,6 @@ class ResampleSynthesizer:
             return self.builtin.synthesize(seed, n, rng_seed)
         if seed.backend == "bfcl":
             if self._bfcl is None:
-                from agentrl.rods.resample_bfcl import BFCLResampler
 
                 self._bfcl = BFCLResampler()
             return self._bfcl.synthesize(seed, n, rng_seed)

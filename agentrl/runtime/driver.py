@@ -24,11 +24,14 @@ from pathlib import Path
 import ray
 
 from agentrl.config import Config, dump_config
-from agentrl.envs.builtin.generator import text_key
+from agentrl.envs.builtin.generator import generate_tasks, text_key
 from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
 from agentrl.runtime.process_env import set_default_env
 from agentrl.runtime.scheduler import RolloutScheduler
+from agentrl.telemetry.metrics import MetricsSink
+from agentrl.telemetry.progress import ProgressLine, eval_table
 from agentrl.telemetry.summaries import eval_metrics, step_metrics
+from agentrl.weight_sync import make_weight_sync
 
 POOL_LOG = "rods_pool.jsonl"  # append-only RODS pool events (one JSON object per line)
 POOL_STATE = "rods_pool.json"  # the RODS pool in a checkpoint folder
@@ -47,7 +50,6 @@ class TaskSampler:
 
     def next(self, n: int) -> list:
         if self.cfg.tasks.fresh_train:
-            from agentrl.envs.builtin.generator import generate_tasks
 
             self.fresh_seed += 1
             return generate_tasks(n, seed=self.fresh_seed, id_prefix=f"fresh{self.fresh_seed}",
@@ -65,7 +67,8 @@ def load_task_sources(cfg: Config) -> dict[str, list]:
     """tasks.heldout and (unless fresh_train) tasks.train, loaded once, before the run folder and
     Ray exist: a bad path, a malformed file or a missing/wrong benchmark package is reported with
     its key, not as a traceback mid-start."""
-    from agentrl.tasks.io import TaskFileError, resolve_task_sources
+    from agentrl.envs.sources import resolve_task_sources
+    from agentrl.tasks.io import TaskFileError
 
     keys = ["heldout"] + ([] if cfg.tasks.fresh_train else ["train"])
     loaded: dict[str, list] = {"train": []}
@@ -108,9 +111,6 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, tasks: dict[str, list]):
         from agentrl.runtime.learner import LearnerActor
         from agentrl.runtime.replay_buffer import ReplayBuffer
-        from agentrl.runtime.weight_sync import make_weight_sync
-        from agentrl.telemetry.metrics import MetricsSink
-        from agentrl.telemetry.progress import ProgressLine
 
         self.cfg, self.run_dir = cfg, run_dir
         model_path = resolve_model_path(cfg)
@@ -330,7 +330,6 @@ def _evaluate(trainer: Trainer, step: int) -> dict[str, float]:
 
 def _print_evals(evals: dict[str, dict[str, float]]) -> None:
     """The two evaluation tables and the last line, ``held-out success: START -> END``."""
-    from agentrl.telemetry.progress import eval_table
 
     if evals:
         eval_table("held-out evaluation (greedy)",

@@ -44,7 +44,7 @@ def first_per_category(tasks: list, limit: int | None) -> list:
 
 def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path,
              limit: int | None = None) -> dict[str, tuple[int, float]]:
-    from agentrl.tasks.io import resolve_task_sources
+    from agentrl.envs.sources import resolve_task_sources
 
     tasks = first_per_category(resolve_task_sources(source), limit)  # errors: the CLI reports them
     model_path = resolve_model_path(cfg)

@@ -14,13 +14,12 @@ import time
 import ray
 
 from agentrl.runtime.batching import build_batch, shuffle_episode_rewards
+from agentrl.runtime.process_env import set_default_env
 
 
 @ray.remote
 class LearnerActor:
     def __init__(self, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float = 1.0):
-        from agentrl.runtime.process_env import set_default_env
-
         set_default_env()
         from agentrl.engines.deepspeed_learner import DeepSpeedLearner
 
@@ -66,17 +65,17 @@ class LearnerActor:
         """The current weights as a safetensors blob in the object store (wrapped ref)."""
         return [ray.put(self.learner.weights_blob())]
 
-    # ---- runtime.weight_sync=nccl (see agentrl.runtime.weight_sync_nccl; GPU only)
+    # ---- runtime.weight_sync=nccl (see agentrl.weight_sync.nccl; GPU only)
     def nccl_endpoint(self) -> tuple[str, int]:
         """(node IP, free port) for the rendezvous this actor hosts as NCCL rank 0."""
-        from agentrl.runtime.weight_sync_nccl import NcclSender
+        from agentrl.weight_sync.nccl import NcclSender
 
         return NcclSender.endpoint()
 
     def nccl_init(self, master_address: str, master_port: int, world_size: int, packed: bool = True,
                   buffer_bytes: int | None = None, num_buffers: int | None = None) -> dict:
         """Join the weight-transfer group as rank 0; returns the weight metadata (names, dtypes, shapes)."""
-        from agentrl.runtime.weight_sync_nccl import NcclSender
+        from agentrl.weight_sync.nccl import NcclSender
 
         self._nccl = NcclSender(self.learner)
         return self._nccl.init(master_address, master_port, world_size, packed, buffer_bytes, num_buffers)

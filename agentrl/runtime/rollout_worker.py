@@ -15,10 +15,15 @@ import uuid
 
 import ray
 
+from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.episode import Episode, EpisodeLimits, Generation, run_episode
+from agentrl.agent.gold import GoldPolicy
 from agentrl.rewards.behaviours import behaviour_counts
 from agentrl.rewards.hierr import HierRWeights
 from agentrl.rewards.scoring import apply_summary, score_episode, seen_context
+from agentrl.rewards.summary import episode_summary_reward
+from agentrl.runtime.process_env import set_default_env
+from agentrl.runtime.tool_pool import ToolPool
 from agentrl.tasks.schema import Task
 
 
@@ -67,8 +72,6 @@ def group_summary(group: dict) -> dict:
 class RolloutWorker:
     def __init__(self, model_path: str, rollout_cfg, dtype: str, tool_actors: list, worker_index: int = 0,
                  weight_sync: str = "object_store", rewards_cfg=None):
-        from agentrl.runtime.process_env import set_default_env
-
         set_default_env()
         self.model_path, self.cfg, self.dtype = model_path, rollout_cfg, dtype
         self.tool_actors = tool_actors
@@ -87,8 +90,6 @@ class RolloutWorker:
         ``model_path`` is needed, to build the token stream the gold replay goes through."""
         from transformers import AutoTokenizer
 
-        from agentrl.agent.chat import ChatFormatter
-        from agentrl.runtime.tool_pool import ToolPool
 
         t0 = time.perf_counter()
         if engine:
@@ -124,7 +125,6 @@ class RolloutWorker:
         and ``rewards["judge_failed"]`` = 1 shows it (logged as ``reward/judge_failed``)."""
         from agentrl.llm import LLMEndpointError
         from agentrl.rewards.judge import judge_summary
-        from agentrl.rewards.summary import episode_summary_reward
 
         context = seen_context(task, ep.calls)
         ep.rewards["judge_failed"] = 0.0
@@ -141,7 +141,6 @@ class RolloutWorker:
     async def _episode(self, task: Task, sampling, group_id: str, judge: bool = True, gold: bool = False) -> Episode:
         """One episode through the tool pool: sampled by the engine, or (``gold``) the
         task's scripted gold conversation replayed through the same loop and checks."""
-        from agentrl.agent.gold import GoldPolicy
 
         session = await self.pool.open(f"{group_id}/{uuid.uuid4().hex[:8]}", task)
         policy = GoldPolicy(task, self.formatter) if gold else _EnginePolicy(self.engine, sampling, self.formatter.eos_token_ids)
@@ -195,7 +194,7 @@ class RolloutWorker:
         self.version = version
         return version
 
-    # ---- runtime.weight_sync=nccl (see agentrl.runtime.weight_sync_nccl)
+    # ---- runtime.weight_sync=nccl (see agentrl.weight_sync.nccl)
     async def nccl_world_size(self) -> int:
         return self.engine.transfer_world_size()
 

@@ -34,7 +34,7 @@ class RolloutScheduler:
     """Owns the rollout calls in flight and the learner version the engines still have to load.
 
     ``launch(step)``: start step ``step``'s rollouts, returning the pending Ray calls.
-    ``weight_sync``: an object with ``sync(version)`` (``runtime/weight_sync.py``).
+    ``weight_sync``: an object with ``sync(version)`` (``weight_sync/``).
     """
 
     def __init__(self, launch: Callable[[int], list], weight_sync, async_rollouts: bool):

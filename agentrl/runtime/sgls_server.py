@@ -24,26 +24,13 @@ from typing import Any
 
 import ray
 
-from agentrl.envs.sgls.backend import BackgroundLoop, OpenAILLM, ToolSimulator
+from agentrl.envs.sgls.backend import ToolSimulator
 from agentrl.envs.sgls.cache import SimulationCache
+from agentrl.llm.adapters import BackgroundLoop, EngineLLM, OpenAILLM
 from agentrl.llm.client import LLMEndpoint
 from agentrl.tasks.schema import ToolCall, ToolSpec
 
 SGLS_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
-
-
-class EngineLLM:
-    """``llm`` over a ``VLLMEngine`` living on ``loop``: ``simulate`` blocks the calling thread
-    until the engine (which batches all threads' requests) has decoded this one."""
-
-    def __init__(self, engine, loop: BackgroundLoop, temperature: float = 0.0, max_tokens: int = 512):
-        self.engine = engine
-        self.loop = loop
-        self.temperature = temperature
-        self.max_tokens = max_tokens
-
-    def simulate(self, messages: list[dict[str, str]], json_schema: dict | None, seed: int | None) -> str:
-        return self.loop.run(self.engine.generate_json(messages, json_schema, self.max_tokens, self.temperature, seed))
 
 
 def start_engine(loop: BackgroundLoop, model_path: str, engine_cfg, dtype: str, seed: int):

@@ -24,22 +24,22 @@ from collections import Counter, deque
 
 import ray
 
+from agentrl.rods.llm_synth import LLMSynthesizer
 from agentrl.rods.pool import ActivePool
+from agentrl.rods.resample import ResampleSynthesizer
 from agentrl.rods.synthesizer import reexecutes
 
 
 def build_synthesizer(rods_cfg, dtype: str = "float32"):
     """The configured synthesizer and a close() for whatever LLM it owns."""
     if rods_cfg.synthesizer == "resample":
-        from agentrl.rods.resample import ResampleSynthesizer
 
         return ResampleSynthesizer(), lambda: None
-    from agentrl.rods.llm_synth import LLMSynthesizer
 
     # The planner and rewriter sample at llm.temperature; the judge decodes greedily.
     llm_cfg = rods_cfg.llm
     if llm_cfg.endpoint is not None:
-        from agentrl.envs.sgls.backend import OpenAILLM
+        from agentrl.llm.adapters import OpenAILLM
         from agentrl.llm.client import LLMEndpoint
 
         endpoint = LLMEndpoint.from_config(llm_cfg.endpoint)
@@ -51,8 +51,8 @@ def build_synthesizer(rods_cfg, dtype: str = "float32"):
             judge.close()
 
         return LLMSynthesizer(llm, llm_cfg, judge_llm=judge), close_endpoint
-    from agentrl.envs.sgls.backend import BackgroundLoop
-    from agentrl.runtime.sgls_server import EngineLLM, start_engine, stop_engine
+    from agentrl.llm.adapters import BackgroundLoop, EngineLLM
+    from agentrl.runtime.sgls_server import start_engine, stop_engine
 
     loop = BackgroundLoop("rods-engine")
     engine = start_engine(loop, llm_cfg.model_path, llm_cfg.engine, dtype, rods_cfg.seed)

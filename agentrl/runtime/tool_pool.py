@@ -13,6 +13,7 @@ from typing import Any
 
 import ray
 
+from agentrl.envs.registry import register_backend
 from agentrl.envs.session import LocalEnvSession
 from agentrl.tasks.schema import Task, ToolCall
 
@@ -25,7 +26,6 @@ class ToolBackendActor:
         if sgls_server is not None:
             # Tasks with backend "sgls" get a session answered by the cluster's SGLS server (one
             # per run, so every episode of a group shares its cache wherever it runs).
-            from agentrl.envs.registry import register_backend
             from agentrl.envs.sgls import SGLSBackend
             from agentrl.runtime.sgls_server import RemoteSimulator
 

@@ -7,8 +7,6 @@ episodes of a group see the same answers. The cluster-wide server is
 
 from agentrl.envs.sgls.backend import (
     ERROR_RESPONSE_SCHEMA,
-    BackgroundLoop,
-    OpenAILLM,
     SGLSBackend,
     ToolSimulator,
     build_messages,
@@ -20,8 +18,6 @@ from agentrl.envs.sgls.validate import GENERIC_OUTPUT_SCHEMA, close_schema, vali
 __all__ = [
     "ERROR_RESPONSE_SCHEMA",
     "GENERIC_OUTPUT_SCHEMA",
-    "BackgroundLoop",
-    "OpenAILLM",
     "SGLSBackend",
     "SimulationCache",
     "ToolSimulator",

