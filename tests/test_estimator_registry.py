@@ -20,6 +20,7 @@ import torch
 
 from agentrl.algos import estimators, registry
 from agentrl.algos.registry import Estimator, register_estimator
+from agentrl.api import Episode, EpisodeGroup
 from agentrl.config import ConfigError, load_config
 from agentrl.config.schema import KNOWN_ADVANTAGES
 from agentrl.runtime.batching import build_batch
@@ -42,19 +43,19 @@ class Sign(Estimator):
 
 # ------------------------------------------------------------------ a hand-made group
 
-def _episode(passed: bool, process: float, summary: float, state: str) -> dict:
+def _episode(passed: bool, process: float, summary: float, state: str) -> Episode:
     """8 tokens: prompt [0, 2), a tool step [2, 5), an observation at 5, a summary step [6, 8)."""
-    return {
+    return Episode(**{"task_id": "t", "prompt_len": 2,
         "token_ids": list(range(8)), "response_mask": [0, 0, 1, 1, 1, 0, 1, 1], "logprobs": [0.0, 0.0] + [-0.5] * 6,
         "segments": [0, 0, 1, 1, 1, 0, 2, 2], "step_spans": [[2, 5], [6, 8]], "step_turns": [0, 0],
         "step_states": ["s0", state], "turn_passed": [passed], "n_turns": 1,
         "rewards": {"progress": float(passed), "outcome": float(passed), "process": process, "summary": summary},
-    }
+    })
 
 
-GROUP = {"task_id": "t", "group_id": "g", "version": 0, "episodes": [
+GROUP = EpisodeGroup("t", "g", 0, [
     _episode(True, 1.0, 1.0, "a"), _episode(False, 0.5, -0.5, "b"), _episode(True, 0.8, 0.5, "a"), _episode(False, 0.2, 0.0, "c"),
-]}
+])
 
 
 def _config(*overrides: str):
@@ -80,10 +81,10 @@ def test_every_name_in_the_table_has_an_implementation_and_vice_versa():
         assert all(isinstance(getattr(est, flag), bool) for flag in registry.FLAGS)
         # ... and it runs: one per-token tensor per episode, of the episode's length
         cfg = _config(f"algo.advantage={name}", *_needed(name))
-        per_token, signal = est.compute(GROUP["episodes"], cfg.algo)
+        per_token, signal = est.compute(GROUP.episodes, cfg.algo)
         assert [t.shape for t in per_token] == [(8,)] * 4 and signal, name
         batch, stats = build_batch([GROUP], cfg.algo)
-        assert len(batch["token_rewards" if est.needs_critic else "advantages"]) == 4 and stats["groups_with_signal"] == 1.0
+        assert len(batch.token_rewards if est.needs_critic else batch.advantages) == 4 and stats["groups_with_signal"] == 1.0
 
 
 def test_the_configuration_reference_lists_every_builtin_with_its_description():
@@ -101,7 +102,7 @@ def test_the_table_and_config_validation_import_no_torch():
 
 
 def test_sign_estimator_by_hand():
-    per_token, signal = registry.get_estimator("sign").compute(GROUP["episodes"], _config().algo)
+    per_token, signal = registry.get_estimator("sign").compute(GROUP.episodes, _config().algo)
     # progress rewards 1, 0, 1, 0: mean 0.5
     assert [t.tolist() for t in per_token][:2] == [[0, 0, 1, 1, 1, 0, 1, 1], [0, 0, -1, -1, -1, 0, -1, -1]]
     flat = registry.get_estimator("sign").compute([_episode(True, 0, 0, "a")] * 3, _config().algo)
@@ -155,7 +156,7 @@ def test_config_refuses_what_the_flags_rule_out(flagged, flag, value, bad, good,
 def test_build_batch_follows_the_flags(flagged):
     critic = _config(f"algo.advantage={flagged('needs_critic', True)}", "algo.critic.lr=1e-5").algo
     batch, stats = build_batch([GROUP], critic)
-    assert "advantages" not in batch and len(batch["token_rewards"]) == 4 and "episodes_with_summary" not in stats
+    assert batch.advantages is None and len(batch.token_rewards) == 4 and "episodes_with_summary" not in stats
     summary = _config(f"algo.advantage={flagged('needs_summary_reward', True)}").algo
     assert build_batch([GROUP], summary)[1]["episodes_with_summary"] == 1.0
 
@@ -192,7 +193,7 @@ def test_a_fresh_process_finds_the_plugin_through_the_config():
     algo = _config(f"algo.plugins=[{HERE}]", "algo.advantage=sign").algo
     code = ("import pickle, sys; from agentrl.runtime.batching import build_batch; "
             "algo, group = pickle.loads(sys.stdin.buffer.read()); "
-            "batch, stats = build_batch([group], algo); print(batch['advantages'][1][2], stats['groups_with_signal'])")
+            "batch, stats = build_batch([group], algo); print(batch.advantages[1][2], stats['groups_with_signal'])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True,
                          input=pickle.dumps((algo, GROUP))).stdout
     assert out.decode().split() == ["-1.0", "1.0"]

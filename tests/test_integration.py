@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from agentrl.api import EpisodeGroup, GroupRef
 from agentrl.config import load_config
 
 pytestmark = pytest.mark.integration
@@ -107,7 +108,7 @@ def test_async_rollouts_start_no_step_past_the_time_limit(tiny_model_dir, ray_cl
         trainer.settle(discard_pending=True)
         assert not rollouts.in_flight and not rollouts.sync_due
         probe = ray.get(trainer.workers[0].sample_one.remote(trainer.heldout[0], 0))
-        assert probe["policy_version"] == trainer.version == 4
+        assert probe.policy_version == trainer.version == 4
     finally:
         trainer.shutdown()
 
@@ -137,9 +138,9 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
     task = builtin_split("heldout")[0]
 
     def max_gap(episode):
-        policy = [i for i, m in enumerate(episode["response_mask"]) if m]
-        learner_lp = ray.get(learner.compute_logprobs.remote([episode["token_ids"]]))[0]
-        return max(abs(learner_lp[i] - episode["logprobs"][i]) for i in policy)
+        policy = [i for i, m in enumerate(episode.response_mask) if m]
+        learner_lp = ray.get(learner.compute_logprobs.remote([episode.token_ids]))[0]
+        return max(abs(learner_lp[i] - episode.logprobs[i]) for i in policy)
 
     # At T = 0.5 the engine reports logprobs of the tempered distribution it sampled from: equal
     # to HF's softmax(logits / 0.5), not to the untempered policy's.
@@ -151,17 +152,17 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
     hf = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
     tempered = ray.get(worker.sample_one.remote(task, 7, 0.5))
     with torch.no_grad():
-        ids = torch.tensor([tempered["token_ids"]])
+        ids = torch.tensor([tempered.token_ids])
         at_half, at_one = (token_logprobs(hf, ids, temperature=t)[0].tolist() for t in (0.5, 1.0))
-    policy = [i for i, m in enumerate(tempered["response_mask"]) if m]
-    assert max(abs(at_half[i] - tempered["logprobs"][i]) for i in policy) < 2e-3
-    assert max(abs(at_one[i] - tempered["logprobs"][i]) for i in policy) > 2e-3
+    policy = [i for i, m in enumerate(tempered.response_mask) if m]
+    assert max(abs(at_half[i] - tempered.logprobs[i]) for i in policy) < 2e-3
+    assert max(abs(at_one[i] - tempered.logprobs[i]) for i in policy) > 2e-3
 
     # One real update on a group of sampled episodes (rewards varied by hand so advantages != 0).
-    group = {"task_id": task.id, "version": 0, "episodes": [ray.get(worker.sample_one.remote(task, seed)) for seed in range(4)]}
-    for k, e in enumerate(group["episodes"]):
-        e["rewards"] = {"progress": float(k % 2), "outcome": float(k % 2)}
-    metrics = ray.get(learner.train.remote([[ray.put(group)]]))
+    group = EpisodeGroup(task.id, "probe", 0, [ray.get(worker.sample_one.remote(task, seed)) for seed in range(4)])
+    for k, e in enumerate(group.episodes):
+        e.rewards = {"progress": float(k % 2), "outcome": float(k % 2)}
+    metrics = ray.get(learner.train.remote([GroupRef(ray.put(group), group.version)]))
     assert metrics["tokens"] > 0
 
     stale = ray.get(worker.sample_one.remote(task, 123))
@@ -169,7 +170,7 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
 
     sync.sync(version=1)
     fresh = ray.get(worker.sample_one.remote(task, 123))
-    assert fresh["policy_version"] == 1
+    assert fresh.policy_version == 1
     assert max_gap(fresh) < 2e-3
     ray.get(worker.shutdown.remote())
 
@@ -202,19 +203,19 @@ def test_every_estimator_trains_on_real_rollouts(tiny_model_dir, ray_cluster, tm
     tasks = [t for t in builtin_split("train") if len(t.turns) >= 2][:2]
     summaries, refs = ray.get(worker.rollout.remote(tasks, 4, 1.0, 1.0, 0))
     ray.get(worker.shutdown.remote())
-    assert {"process", "summary", "omission", "process/format"} <= set(summaries[0]["rewards"])
+    assert {"process", "summary", "omission", "process/format"} <= set(summaries[0].rewards)
 
     groups = ray.get(refs)
     for g in groups:
-        for k, e in enumerate(g["episodes"]):
-            e["turn_passed"] = [bool(k % 2)] + [False] * (len(e["turn_passed"]) - 1)
-            e["rewards"].update(progress=float(k % 2) / e["n_turns"], outcome=0.0, process=k / 4, summary=1 - k / 4)
-    boxes = [[ray.put(g)] for g in groups]
+        for k, e in enumerate(g.episodes):
+            e.turn_passed = [bool(k % 2)] + [False] * (len(e.turn_passed) - 1)
+            e.rewards.update(progress=float(k % 2) / e.n_turns, outcome=0.0, process=k / 4, summary=1 - k / 4)
+    refs = [GroupRef(ray.put(g), g.version) for g in groups]
     for name, *extra in ESTIMATORS:
         algo_cfg = _config(tiny_model_dir, tmp_path, f"algo.advantage={name}", *extra).algo
         learner = LearnerActor.options(num_cpus=1).remote(str(tiny_model_dir), cfg.learner, algo_cfg, "float32", 0)
         try:
-            m = ray.get(learner.train.remote(boxes))
+            m = ray.get(learner.train.remote(refs))
         finally:
             ray.kill(learner)
         assert m["tokens"] > 0 and m["groups_with_signal"] > 0, (name, m)

@@ -9,6 +9,7 @@ from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy
 from agentrl.agent.teacher import Habits, demonstration
+from agentrl.api import Episode, EpisodeGroup
 from agentrl.envs.builtin.generator import builtin_split, generate_tasks, text_key
 from agentrl.envs.builtin.ops import spends_looked_up_balance
 from agentrl.envs.session import LocalEnvSession
@@ -107,14 +108,15 @@ def test_behaviour_rates_pool_hits_over_opportunities():
 
 
 def test_shuffle_permutes_reward_records_across_the_step_and_nothing_else():
-    groups = [{"task_id": f"t{g}",
-               "episodes": [{"token_ids": [g, i], "rewards": {"outcome": float(i == 0), "progress": g + i / 10}}
-                            for i in range(4)]}
-              for g in range(3)]
-    before = [dict(e["rewards"]) for g in groups for e in g["episodes"]]
+    def episode(g, i):
+        return Episode(f"t{g}", [g, i], [0, 1], [0.0, -1.0], [0, 2], 1, [i == 0], 1,
+                       rewards={"outcome": float(i == 0), "progress": g + i / 10})
+
+    groups = [EpisodeGroup(f"t{g}", f"t{g}#0", 0, [episode(g, i) for i in range(4)]) for g in range(3)]
+    before = [dict(e.rewards) for g in groups for e in g.episodes]
     out = shuffle_episode_rewards(groups, random.Random(0))
-    after = [e["rewards"] for g in out for e in g["episodes"]]
-    assert [dict(e["rewards"]) for g in groups for e in g["episodes"]] == before  # inputs untouched
+    after = [e.rewards for g in out for e in g.episodes]
+    assert [dict(e.rewards) for g in groups for e in g.episodes] == before  # inputs untouched
     assert sorted(map(str, after)) == sorted(map(str, before)) and after != before  # a permutation, not the identity
     assert {a["progress"] // 1 for a in after[:4]} != {0}  # records cross group boundaries
-    assert [e["token_ids"] for g in out for e in g["episodes"]] == [e["token_ids"] for g in groups for e in g["episodes"]]
+    assert [e.token_ids for g in out for e in g.episodes] == [e.token_ids for g in groups for e in g.episodes]

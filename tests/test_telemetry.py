@@ -10,6 +10,7 @@ import types
 
 import pytest
 
+from agentrl.api import GroupSummary
 from agentrl.runtime.process_env import CACHE_DIRS, set_default_env
 from agentrl.telemetry.metrics import MetricsSink, pick, ray_metric_name
 from agentrl.telemetry.progress import ProgressLine, eval_table, format_step
@@ -211,9 +212,8 @@ def test_progress_line_live_on_a_terminal():
 # ------------------------------------------------------------------ step and evaluation metrics
 
 def _group(version, outcome, progress, rewards, tokens, calls, valid, redundant, wall):
-    return {"task_id": f"t{version}", "version": version, "outcome": outcome, "progress": progress, "rewards": rewards,
-            "policy_tokens": tokens, "calls": calls, "valid_calls": valid, "redundant_calls": redundant,
-            "wall_seconds": wall}
+    return GroupSummary(f"t{version}", version, outcome, progress, rewards, policy_tokens=tokens, calls=calls,
+                        valid_calls=valid, redundant_calls=redundant, gen_seconds=0.0, env_seconds=0.0, wall_seconds=wall)
 
 
 def test_step_metrics_from_hand_made_summaries():

@@ -16,23 +16,17 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.parser import ParsedMessage, parse_assistant
+from agentrl.api import Episode, Generation
 from agentrl.tasks.schema import Task, ToolCall
 
 # Token segment labels (docs/design.md §2): 0 = injected by the environment, 1 = an assistant message
 # that attempts a tool call, 2 = an assistant message without calls (a summary / answer / ask).
 SEG_ENV, SEG_TOOL, SEG_SUMMARY = 0, 1, 2
-
-
-@dataclass
-class Generation:
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" (ended with an end-of-message token) or "length"
 
 
 class Policy(Protocol):
@@ -50,47 +44,6 @@ class EpisodeLimits:
     max_new_tokens: int = 96  # per assistant message
     max_assistant_messages_per_turn: int = 4
     max_episode_tokens: int = 1024
-
-
-@dataclass
-class Episode:
-    task_id: str
-    token_ids: list[int]
-    response_mask: list[int]
-    logprobs: list[float]  # engine logprob for policy tokens, 0.0 elsewhere
-    segments: list[int]
-    prompt_len: int
-    turn_passed: list[bool]
-    n_turns: int
-    calls: list[list[dict]] = field(default_factory=list)  # per turn: [{name, arguments, observation}]
-    n_call_blocks: int = 0
-    n_valid_calls: int = 0
-    termination: str = "done"  # done | length | max_messages | max_tokens
-    rewards: dict[str, float] = field(default_factory=dict)
-    policy_version: int = 0
-    group_id: str = ""
-    gen_seconds: float = 0.0
-    env_seconds: float = 0.0
-    # One entry per assistant message ("step"): its policy-token range [start, end), the user turn
-    # it belongs to, and the environment state it started from (a hash of every token the
-    # environment injected so far: prompt, observations, user turns). GiGPO groups steps by it.
-    step_spans: list[list[int]] = field(default_factory=list)
-    step_turns: list[int] = field(default_factory=list)
-    step_states: list[str] = field(default_factory=list)
-    # Per turn reached: the text of the message that closed it without a call (None if it never
-    # closed). The summary reward scores these.
-    answers: list[str | None] = field(default_factory=list)
-
-    @property
-    def n_policy_tokens(self) -> int:
-        return sum(self.response_mask)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Episode":
-        return cls(**d)
 
 
 def tool_announcement(new_tools: list) -> str:

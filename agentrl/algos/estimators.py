@@ -29,9 +29,9 @@ def episode_rewards(episodes: list[dict], algo: Any, kl_penalty: list[float] | N
     import torch
 
     if kl_penalty is None:
-        values = [e["rewards"][algo.reward] for e in episodes]
+        values = [e.rewards[algo.reward] for e in episodes]
     else:
-        values = [e["rewards"][algo.reward] - k for e, k in zip(episodes, kl_penalty)]
+        values = [e.rewards[algo.reward] - k for e, k in zip(episodes, kl_penalty)]
     return torch.tensor(values, dtype=torch.float32)
 
 
@@ -39,7 +39,7 @@ def broadcast(adv: Tensor, episodes: list[dict]) -> GroupAdvantages:
     """One advantage per episode on every policy token of it; signal = any advantage != 0."""
     import torch
 
-    per_token = [a * torch.tensor(e["response_mask"], dtype=torch.float32) for a, e in zip(adv, episodes)]
+    per_token = [a * torch.tensor(e.response_mask, dtype=torch.float32) for a, e in zip(adv, episodes)]
     return GroupAdvantages(per_token, bool((adv != 0).any()))
 
 
@@ -47,7 +47,7 @@ def steps_on_tokens(step_values: list[Tensor], episodes: list[dict]) -> list[Ten
     """Each step's value on that step's tokens (``gigpo.steps_to_tokens``), one tensor per episode."""
     from agentrl.algos.gigpo import steps_to_tokens
 
-    return [steps_to_tokens(v, [tuple(sp) for sp in e["step_spans"]], len(e["token_ids"])) for v, e in zip(step_values, episodes)]
+    return [steps_to_tokens(v, [tuple(sp) for sp in e.step_spans], len(e.token_ids)) for v, e in zip(step_values, episodes)]
 
 
 def _state_ids(groups_states: list[list[str]]) -> list[Tensor]:
@@ -61,7 +61,7 @@ def _state_ids(groups_states: list[list[str]]) -> list[Tensor]:
 def _step_rewards(episodes: list[dict], algo: Any) -> list[list[float]]:
     """Per-step rewards of each episode: a turn's credit on its last step (``rewards.scoring``)."""
 
-    return [step_rewards(e["turn_passed"], e["n_turns"], e["step_turns"], algo.reward) for e in episodes]
+    return [step_rewards(e.turn_passed, e.n_turns, e.step_turns, algo.reward) for e in episodes]
 
 
 # ------------------------------------------------------------------ episode level (algos/advantages.py)
@@ -150,7 +150,7 @@ class GiGPO(Estimator):
             for sr, k in zip(srs, kl_penalty):
                 if sr.numel():
                     sr[-1] -= k
-        state_ids = _state_ids([e["step_states"] for e in episodes])
+        state_ids = _state_ids([e.step_states for e in episodes])
         step_adv = gigpo(rewards, srs, state_ids, algo.gigpo.omega, algo.gigpo.gamma, algo.eps)
         return GroupAdvantages(steps_on_tokens(step_adv, episodes), bool((rewards != rewards[0]).any()))
 
@@ -169,9 +169,9 @@ class TurnGRPO(Estimator):
     def compute(self, episodes, algo, kl_penalty=None):
         from agentrl.algos.turn_grpo import turn_grpo, turns_reached, turns_to_steps
 
-        reached = [turns_reached(e["turn_passed"], e["step_turns"]) for e in episodes]
-        turn_adv = turn_grpo([e["turn_passed"] for e in episodes], reached, algo.eps)
-        steps = [turns_to_steps(a, e["step_turns"]) for a, e in zip(turn_adv, episodes)]
+        reached = [turns_reached(e.turn_passed, e.step_turns) for e in episodes]
+        turn_adv = turn_grpo([e.turn_passed for e in episodes], reached, algo.eps)
+        steps = [turns_to_steps(a, e.step_turns) for a, e in zip(turn_adv, episodes)]
         return GroupAdvantages(steps_on_tokens(steps, episodes), any(bool((a != 0).any()) for a in turn_adv))
 
 
@@ -192,8 +192,8 @@ class PPO(Estimator):
 
         per_token = []
         for e, srs in zip(episodes, _step_rewards(episodes, algo)):
-            tr = torch.zeros(len(e["token_ids"]))
-            for (start, end), r in zip(e["step_spans"], srs):
+            tr = torch.zeros(len(e.token_ids))
+            for (start, end), r in zip(e.step_spans, srs):
                 if end > start:
                     tr[end - 1] += r
             per_token.append(tr)
@@ -219,11 +219,11 @@ class SLCA(Estimator):
 
         from agentrl.algos.slca import SEG_SUMMARY, SEG_TOOL, route_segments, slca
 
-        segs = [torch.tensor(e["segments"]) for e in episodes]
+        segs = [torch.tensor(e.segments) for e in episodes]
         has_tool = torch.tensor([bool((s == SEG_TOOL).any()) for s in segs])
         has_sum = torch.tensor([bool((s == SEG_SUMMARY).any()) for s in segs])
-        r_tool = torch.tensor([e["rewards"]["process"] for e in episodes], dtype=torch.float32)
-        r_sum = torch.tensor([e["rewards"]["summary"] for e in episodes], dtype=torch.float32)
+        r_tool = torch.tensor([e.rewards["process"] for e in episodes], dtype=torch.float32)
+        r_sum = torch.tensor([e.rewards["summary"] for e in episodes], dtype=torch.float32)
         a_tool, a_sum = slca(r_tool, r_sum, has_tool, has_sum, algo.slca.lam_tool, algo.slca.lam_sum, algo.eps)
         per_token = [route_segments(a_tool[i : i + 1], a_sum[i : i + 1], s.unsqueeze(0))[0] for i, s in enumerate(segs)]
         return GroupAdvantages(per_token, bool((a_tool != 0).any() or (a_sum != 0).any()))

@@ -30,6 +30,8 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+from agentrl.api import Episode
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -74,10 +76,10 @@ class Estimator:
     reads_turn_verdicts: ClassVar[bool] = False
     allows_kl_in_reward: ClassVar[bool] = True
 
-    def compute(self, episodes: list[dict], algo: Any, kl_penalty: list[float] | None = None) -> GroupAdvantages:
+    def compute(self, episodes: list[Episode], algo: Any, kl_penalty: list[float] | None = None) -> GroupAdvantages:
         """Per-token advantages of ONE group.
 
-        ``episodes``: the group's episode dicts (``Episode.to_dict()``, docs/design.md §2), in
+        ``episodes``: the group's ``agentrl.api.Episode`` records (docs/design.md §2), in
         group order; ``algo``: the ``AlgoConfig``; ``kl_penalty``: with ``algo.kl_in=reward``,
         the KL charge of each episode (``algo.kl_coef`` times the sum of its per-token KL
         estimates over its policy tokens) to subtract from the episode's reward, else None. A

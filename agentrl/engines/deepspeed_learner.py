@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -32,9 +32,10 @@ from torch import Tensor, nn
 from agentrl.algos.critic import gae, whiten
 from agentrl.algos.losses import PolicyLossConfig, policy_loss, rollout_stats
 from agentrl.algos.registry import estimator_for
+from agentrl.api import MicroBatch, TrainBatch
 from agentrl.engines.deepspeed_setup import build_ds_config, reset_prestepped_optimizer_state, setup_single_process_env
 from agentrl.engines.hf_policy import pad_batch, token_logprobs
-from agentrl.engines.micro_batch import MicroBatch, pad_micro_batch
+from agentrl.engines.micro_batch import pad_micro_batch
 from agentrl.weight_sync.object_store import weights_to_blob
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -209,14 +210,14 @@ class DeepSpeedLearner:
         return [perm[i::k] for i in range(k)]
 
     # ------------------------------------------------------------------ training
-    def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch | Mapping[str, Any]) -> dict[str, float]:
         """One policy update on a batch of episodes: ``ppo_epochs`` passes over it, each split into
         ``mini_batches`` random mini-batches with one optimizer step each.
 
-        ``batch`` holds python lists, one entry per sequence: ``input_ids`` (token lists),
-        ``response_mask`` (1 on policy tokens), ``advantages`` (per token, already broadcast) — or,
-        for PPO, ``token_rewards`` from which the critic and GAE make the advantages — and
-        optionally ``rollout_logprobs`` (the engine's sampled-token logprobs, 0 off-policy tokens).
+        ``batch``: a ``TrainBatch`` (or a mapping of its fields): python lists, one entry per
+        sequence: ``input_ids``, ``response_mask`` (1 on policy tokens), ``advantages`` (per token,
+        already broadcast) — or, for PPO, ``token_rewards`` from which the critic and GAE make the
+        advantages — and optionally ``rollout_logprobs`` (the engine's sampled-token logprobs).
         Every mini-batch loss is normalized by that mini-batch's policy-token count.
 
         Phases: mini-batches of padded micro-batches -> (PPO) critic values and GAE advantages ->
@@ -224,8 +225,9 @@ class DeepSpeedLearner:
         one optimizer step -> (PPO) the critic's step -> metrics.
         """
         t0 = time.perf_counter()
+        batch = batch if isinstance(batch, TrainBatch) else TrainBatch(**batch)
         acfg, lcfg = self.algo_cfg, self.learner_cfg
-        use_critic = "token_rewards" in batch
+        use_critic = batch.token_rewards is not None
         if use_critic and self.critic is None:
             raise ValueError("batch has token_rewards but this learner has no critic (the estimator must declare needs_critic)")
 
@@ -249,15 +251,15 @@ class DeepSpeedLearner:
         if use_critic:
             critic_stats.update(self.critic.train(micro, n_tok))
         return metrics.result(
-            epochs=lcfg.ppo_epochs, with_rollout=batch.get("rollout_logprobs") is not None, extra=critic_stats,
-            lr=lr, tokens=float(n_tok), sequences=float(len(batch["input_ids"])), version=float(self.version),
+            epochs=lcfg.ppo_epochs, with_rollout=batch.rollout_logprobs is not None, extra=critic_stats,
+            lr=lr, tokens=float(n_tok), sequences=float(len(batch)), version=float(self.version),
             step_time_s=time.perf_counter() - t0,
         )
 
-    def _build_mini_batches(self, batch: dict[str, Any]) -> list[list[MicroBatch]]:
+    def _build_mini_batches(self, batch: TrainBatch) -> list[list[MicroBatch]]:
         """The step's random mini-batches (``_mini_batches``), each as length-sorted padded
         micro-batches (``_micro_batches``)."""
-        lengths = [len(s) for s in batch["input_ids"]]
+        lengths = [len(s) for s in batch.input_ids]
         n = len(lengths)
         return [[pad_micro_batch(batch, rows, self.pad_id, self.device) for rows in self._micro_batches(n, lengths, subset)]
                 for subset in self._mini_batches(n)]

@@ -18,64 +18,62 @@ what every estimator shares:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from agentrl.algos.registry import estimator_for
 from agentrl.algos.slca import SEG_SUMMARY
+from agentrl.api import EpisodeGroup, TrainBatch
 
 
 def _kl_sum(kl: list[float] | None, mask: list[int]) -> float:
     return 0.0 if kl is None else float(sum(k for k, m in zip(kl, mask) if m))
 
 
-def shuffle_episode_rewards(groups: list[dict], rng) -> list[dict]:
+def shuffle_episode_rewards(groups: list[EpisodeGroup], rng) -> list[EpisodeGroup]:
     """The reward-destroying control (``algo.shuffle_rewards``): the step's reward records
-    (``rewards`` dicts) permuted across all of its episodes, before any advantage is computed.
+    (``Episode.rewards``) permuted across all of its episodes, before any advantage is computed.
 
     Everything else (tokens, logprobs, groups) is untouched, so a run with this on differs from
     the real one only in whether rewards belong to the episodes that earned them. Returns new
-    group dicts; the inputs are not modified."""
-    records = [e["rewards"] for g in groups for e in g["episodes"]]
+    groups; the inputs are not modified."""
+    records = [e.rewards for g in groups for e in g.episodes]
     order = list(range(len(records)))
     rng.shuffle(order)
-    out, i = [], 0
-    for g in groups:
-        eps = []
-        for e in g["episodes"]:
-            eps.append({**e, "rewards": dict(records[order[i]])})
-            i += 1
-        out.append({**g, "episodes": eps})
-    return out
+    shuffled = iter(order)
+    return [replace(g, episodes=[replace(e, rewards=dict(records[next(shuffled)])) for e in g.episodes]) for g in groups]
 
 
-def build_batch(groups: list[dict], algo, kl_per_token: list[list[float]] | None = None) -> tuple[dict, dict]:
+def build_batch(groups: list[EpisodeGroup], algo, kl_per_token: list[list[float]] | None = None) -> tuple[TrainBatch, dict]:
     """Flatten groups into the learner's batch. ``algo`` is an ``AlgoConfig``; ``kl_per_token``
-    (one list per episode, in group order) is used only when ``algo.kl_in == "reward"``."""
+    (one list per episode, in group order) is used only when ``algo.kl_in == "reward"``.
+    Returns the batch and its statistics."""
     estimator = estimator_for(algo)
-    batch: dict[str, list] = {"input_ids": [], "response_mask": [], "rollout_logprobs": []}
-    target = "token_rewards" if estimator.needs_critic else "advantages"
-    batch[target] = []
+    input_ids, masks, logprobs, per_token_all = [], [], [], []
     kl_coef = algo.kl_coef if (algo.kl_in == "reward" and kl_per_token is not None) else 0.0
     signal, n_ep, with_summary = 0, 0, 0
     for g in groups:
-        eps = g["episodes"]
+        eps = g.episodes
         kls = [kl_per_token[n_ep + i] for i in range(len(eps))] if kl_coef else None
         n_ep += len(eps)
-        kl_penalty = [kl_coef * _kl_sum(k, e["response_mask"]) for e, k in zip(eps, kls)] if kls is not None else None
+        kl_penalty = [kl_coef * _kl_sum(k, e.response_mask) for e, k in zip(eps, kls)] if kls is not None else None
         per_token, has_signal = estimator.compute(eps, algo, kl_penalty)
         if len(per_token) != len(eps):
             raise ValueError(f"estimator {algo.advantage!r} returned {len(per_token)} token tensors for {len(eps)} episodes")
         if kls is not None and estimator.needs_critic:  # per-token rewards: the KL is charged per token
-            per_token = [t - kl_coef * torch.tensor(k) * torch.tensor(e["response_mask"], dtype=torch.float32)
+            per_token = [t - kl_coef * torch.tensor(k) * torch.tensor(e.response_mask, dtype=torch.float32)
                          for t, e, k in zip(per_token, eps, kls)]
         signal += int(has_signal)
         if estimator.needs_summary_reward:
-            with_summary += sum(SEG_SUMMARY in e["segments"] for e in eps)
+            with_summary += sum(SEG_SUMMARY in e.segments for e in eps)
         for e, t in zip(eps, per_token):
-            batch["input_ids"].append(e["token_ids"])
-            batch["response_mask"].append(e["response_mask"])
-            batch["rollout_logprobs"].append(e["logprobs"])
-            batch[target].append([float(x) * m for x, m in zip(t.tolist(), e["response_mask"])])
+            input_ids.append(e.token_ids)
+            masks.append(e.response_mask)
+            logprobs.append(e.logprobs)
+            per_token_all.append([float(x) * m for x, m in zip(t.tolist(), e.response_mask)])
+    target = "token_rewards" if estimator.needs_critic else "advantages"
+    batch = TrainBatch(input_ids=input_ids, response_mask=masks, rollout_logprobs=logprobs, **{target: per_token_all})
     stats = {"groups_with_signal": signal / max(1, len(groups))}
     if estimator.needs_summary_reward:
         stats["episodes_with_summary"] = with_summary / max(1, n_ep)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import ray
 
+from agentrl.api import GroupRef, GroupSummary
 from agentrl.config import Config, dump_config
 from agentrl.envs.builtin.generator import generate_tasks, text_key
 from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
@@ -172,41 +173,41 @@ class Trainer:
             tasks = self.sampler.next(cfg.rollout.tasks_per_step)
         return self.rollout_side.rollout(tasks, cfg.rollout, cfg.run.seed * 100_003 + step * 101)
 
-    def _obtain_rollouts(self, step: int, timings: dict[str, float]) -> tuple[list[dict], list]:
-        """Phase 1: the group summaries and ``([ref], version)`` buffer entries of step ``step``."""
+    def _obtain_rollouts(self, step: int, timings: dict[str, float]) -> tuple[list[GroupSummary], list[GroupRef]]:
+        """Phase 1: the group summaries and group refs of step ``step``."""
         t0 = time.perf_counter()
         summaries, entries = [], []
         for sums, refs in self.scheduler.take(step):
             summaries += sums
-            entries += [([ref], s["version"]) for ref, s in zip(refs, sums)]
+            entries += refs
         timings["rollout_wait"] = time.perf_counter() - t0  # generation time not hidden behind learning
         t1 = time.perf_counter()
         self.scheduler.sync()  # async: the previous update, held back while these rollouts ran
         timings["sync"] = time.perf_counter() - t1
         return summaries, entries
 
-    def _store(self, step: int, summaries: list[dict], entries: list):
+    def _store(self, step: int, summaries: list[GroupSummary], entries: list[GroupRef]):
         """Phase 2: the groups into the replay buffer; with RODS, their rewards to the pool
         (boundary statistics from the batch itself: no extra rollouts). Returns the pending
         observe call (awaited in phase 5), or None."""
         ray.get(self.buffer.add.remote(entries))
         if self.rods is None:
             return None
-        return self.rods.observe.remote(step, [(s["task_id"], s["progress"]) for s in summaries])
+        return self.rods.observe.remote(step, [(s.task_id, s.progress) for s in summaries])
 
     def _learn(self, step: int, n_groups: int, last: bool, timings: dict[str, float]) -> tuple[dict, bool]:
         """Phase 3: one update on up to twice the groups just added; returns (learner metrics,
         whether an update ran). In async mode step+1's rollouts start while the learner trains,
         unless this is the last step or train.max_minutes has passed."""
         t0 = time.perf_counter()
-        boxes = ray.get(self.buffer.sample.remote(n_groups * 2, self.version))
-        learning = self.learner.train.remote(boxes) if boxes else None
+        refs = ray.get(self.buffer.sample.remote(n_groups * 2, self.version))
+        learning = self.learner.train.remote(refs) if refs else None
         out_of_time = self.deadline is not None and time.perf_counter() > self.deadline
         self.scheduler.prefetch(step + 1, allowed=not last and not out_of_time)
         learn = ray.get(learning) if learning is not None else {}
-        self.version += 1 if boxes else 0
+        self.version += 1 if refs else 0
         timings["learn"] = time.perf_counter() - t0
-        return learn, bool(boxes)
+        return learn, bool(refs)
 
     def _sync_weights(self, trained: bool, timings: dict[str, float]) -> None:
         """Phase 4: hand a new policy version to the scheduler: loaded now, or (async mode) after
@@ -217,7 +218,7 @@ class Trainer:
         if not self.cfg.train.async_rollouts:
             timings["sync"] = time.perf_counter() - t0
 
-    def _metrics(self, summaries: list[dict], learn: dict, observed, timings: dict[str, float]) -> dict[str, float]:
+    def _metrics(self, summaries: list[GroupSummary], learn: dict, observed, timings: dict[str, float]) -> dict[str, float]:
         """Phase 5: the step's metrics (``telemetry.summaries.step_metrics``) plus the actors' own."""
         m = step_metrics(summaries, timings, learn, self.version)
         m.update({f"buffer/{k}": float(v) for k, v in ray.get(self.buffer.stats.remote()).items()})

@@ -1,6 +1,6 @@
 """LearnerActor: a thin Ray shell around the DeepSpeed learner.
 
-It resolves the group refs handed over by the driver (payloads come straight from the object
+It resolves the ``GroupRef``s handed over by the driver (payloads come straight from the object
 store), turns group rewards into per-token advantages with the configured estimator
 (``runtime.batching`` over the pure functions in ``agentrl.algos``), runs one update, and
 publishes weights as an object ref.
@@ -13,6 +13,7 @@ import time
 
 import ray
 
+from agentrl.api import EpisodeGroup, GroupRef
 from agentrl.runtime.batching import build_batch, shuffle_episode_rewards
 from agentrl.runtime.process_env import set_default_env
 
@@ -36,29 +37,30 @@ class LearnerActor:
     def get_version(self) -> int:
         return self.learner.version
 
-    def train(self, group_boxes: list[list]) -> dict[str, float]:
+    def train(self, group_refs: list[GroupRef]) -> dict[str, float]:
+        """One update on the groups behind ``group_refs`` (fetched here, from the object store)."""
         t0 = time.perf_counter()
-        groups = ray.get([box[0] for box in group_boxes])
+        groups: list[EpisodeGroup] = ray.get([g.ref for g in group_refs])
         if self.algo_cfg.shuffle_rewards:  # the control arm: same episodes, rewards detached from them
             groups = shuffle_episode_rewards(groups, random.Random(self.seed * 1_000_003 + self.learner.version))
         kl = self._rollout_kl(groups) if self.algo_cfg.kl_in == "reward" and self.algo_cfg.kl_coef > 0 else None
         batch, extra = build_batch(groups, self.algo_cfg, kl_per_token=kl)
         metrics = self.learner.train_step(batch)
         metrics.update(extra)
-        metrics["staleness"] = float(sum(self.learner.version - 1 - g["version"] for g in groups) / max(1, len(groups)))
+        metrics["staleness"] = float(sum(self.learner.version - 1 - g.version for g in groups) / max(1, len(groups)))
         metrics["learn_seconds"] = time.perf_counter() - t0
         return metrics
 
-    def _rollout_kl(self, groups: list[dict]) -> list[list[float]]:
+    def _rollout_kl(self, groups: list[EpisodeGroup]) -> list[list[float]]:
         """Per-token KL estimate of the behaviour policy against the reference, for KL in the
         reward: the rollout logprobs are the samples' own (what the reward should charge for)."""
         import torch
 
         from agentrl.algos.losses import kl_penalty
 
-        episodes = [e for g in groups for e in g["episodes"]]
-        refs = self.learner.reference_logprobs([e["token_ids"] for e in episodes])
-        return [kl_penalty(torch.tensor(e["logprobs"]), torch.tensor(r), self.algo_cfg.kl_estimator).tolist()
+        episodes = [e for g in groups for e in g.episodes]
+        refs = self.learner.reference_logprobs([e.token_ids for e in episodes])
+        return [kl_penalty(torch.tensor(e.logprobs), torch.tensor(r), self.algo_cfg.kl_estimator).tolist()
                 for e, r in zip(episodes, refs)]
 
     def publish_weights(self) -> list:

@@ -12,36 +12,38 @@ from collections import deque
 
 import ray
 
+from agentrl.api import GroupRef
+
 
 @ray.remote(num_cpus=0)
 class ReplayBuffer:
     def __init__(self, capacity_groups: int, max_staleness: int):
         self.capacity = capacity_groups
         self.max_staleness = max_staleness
-        self.items: deque = deque()
+        self.items: deque[GroupRef] = deque()
         self.dropped_stale = 0
         self.dropped_full = 0
         self.added = 0
 
-    def add(self, entries: list[tuple[list, int]]) -> int:
-        """``entries``: ([group_ref], behaviour_version) — the ref is wrapped so Ray passes it as is."""
-        for ref_box, version in entries:
+    def add(self, entries: list[GroupRef]) -> int:
+        """Append groups (oldest dropped beyond capacity); returns the buffer's size."""
+        for entry in entries:
             if len(self.items) >= self.capacity:
                 self.items.popleft()
                 self.dropped_full += 1
-            self.items.append((ref_box, version))
+            self.items.append(entry)
             self.added += 1
         return len(self.items)
 
-    def sample(self, max_groups: int, learner_version: int) -> list[list]:
+    def sample(self, max_groups: int, learner_version: int) -> list[GroupRef]:
         """Oldest-first, up to ``max_groups`` fresh-enough groups; removes what it returns."""
         out = []
         while self.items and len(out) < max_groups:
-            ref_box, version = self.items.popleft()
-            if learner_version - version > self.max_staleness:
+            entry = self.items.popleft()
+            if learner_version - entry.version > self.max_staleness:
                 self.dropped_stale += 1
                 continue
-            out.append(ref_box)
+            out.append(entry)
         return out
 
     def stats(self) -> dict[str, int]:

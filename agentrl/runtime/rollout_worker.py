@@ -16,8 +16,9 @@ import uuid
 import ray
 
 from agentrl.agent.chat import ChatFormatter
-from agentrl.agent.episode import Episode, EpisodeLimits, Generation, run_episode
+from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy
+from agentrl.api import Episode, EpisodeGroup, Generation, GroupRef, GroupSummary
 from agentrl.rewards.behaviours import behaviour_counts
 from agentrl.rewards.hierr import HierRWeights
 from agentrl.rewards.scoring import apply_summary, score_episode, seen_context
@@ -49,23 +50,23 @@ def redundant_calls(calls_log: list[list[dict]]) -> int:
     return n
 
 
-def group_summary(group: dict) -> dict:
-    eps = [Episode.from_dict(e) for e in group["episodes"]]
-    return {
-        "task_id": group["task_id"],
-        "version": group["version"],
-        "outcome": [e.rewards["outcome"] for e in eps],
-        "progress": [e.rewards["progress"] for e in eps],
+def group_summary(group: EpisodeGroup) -> GroupSummary:
+    eps = group.episodes
+    return GroupSummary(
+        task_id=group.task_id,
+        version=group.version,
+        outcome=[e.rewards["outcome"] for e in eps],
+        progress=[e.rewards["progress"] for e in eps],
         # every other reward (HierR components, summary, omission), averaged over the group
-        "rewards": {k: sum(e.rewards[k] for e in eps) / len(eps) for k in eps[0].rewards if k not in ("outcome", "progress")},
-        "policy_tokens": sum(e.n_policy_tokens for e in eps),
-        "calls": sum(e.n_call_blocks for e in eps),
-        "valid_calls": sum(e.n_valid_calls for e in eps),
-        "redundant_calls": sum(redundant_calls(e.calls) for e in eps),
-        "gen_seconds": sum(e.gen_seconds for e in eps),
-        "env_seconds": sum(e.env_seconds for e in eps),
-        "wall_seconds": group["wall_seconds"],
-    }
+        rewards={k: sum(e.rewards[k] for e in eps) / len(eps) for k in eps[0].rewards if k not in ("outcome", "progress")},
+        policy_tokens=sum(e.n_policy_tokens for e in eps),
+        calls=sum(e.n_call_blocks for e in eps),
+        valid_calls=sum(e.n_valid_calls for e in eps),
+        redundant_calls=sum(redundant_calls(e.calls) for e in eps),
+        gen_seconds=sum(e.gen_seconds for e in eps),
+        env_seconds=sum(e.env_seconds for e in eps),
+        wall_seconds=group.wall_seconds,
+    )
 
 
 @ray.remote
@@ -156,24 +157,25 @@ class RolloutWorker:
         return ep
 
     async def rollout(self, tasks: list[Task], group_size: int, temperature: float, top_p: float,
-                      tag: int) -> tuple[list[dict], list]:
-        """G episodes per task, all concurrent. Returns (small summaries, [object ref per group])."""
+                      tag: int) -> tuple[list[GroupSummary], list[GroupRef]]:
+        """G episodes per task, all concurrent. Each ``EpisodeGroup`` goes into the object store
+        from here; returns the groups' summaries and refs."""
         from agentrl.engines.vllm_engine import SamplingConfig
 
         t0 = time.perf_counter()
 
-        async def group(i: int, task: Task) -> dict:
+        async def group(task: Task) -> EpisodeGroup:
             gid = f"{task.id}@v{self.version}#{tag}"
+            version = self.version  # weights never change while a rollout call runs (RolloutScheduler)
             eps = await asyncio.gather(
                 *[self._episode(task, SamplingConfig(temperature, top_p), gid) for _ in range(group_size)]
             )
             # wall_seconds: from the call's start to this group's end (the slowest group = the call's
             # generation time, which the driver cannot see when it overlaps learning)
-            return {"task_id": task.id, "group_id": gid, "version": self.version, "episodes": [e.to_dict() for e in eps],
-                    "wall_seconds": time.perf_counter() - t0}
+            return EpisodeGroup(task.id, gid, version, list(eps), wall_seconds=time.perf_counter() - t0)
 
-        groups = await asyncio.gather(*[group(i, t) for i, t in enumerate(tasks)])
-        return [group_summary(g) for g in groups], [ray.put(g) for g in groups]
+        groups = await asyncio.gather(*[group(t) for t in tasks])
+        return [group_summary(g) for g in groups], [GroupRef(ray.put(g), g.version, g.task_id) for g in groups]
 
     async def evaluate(self, tasks: list[Task], gold: bool = False) -> list[dict]:
         """Greedy decoding (or the gold replay), one episode per task; returns per-task results."""
@@ -207,12 +209,11 @@ class RolloutWorker:
         self.version = version
         return version
 
-    async def sample_one(self, task: Task, tag: int, temperature: float = 1.0) -> dict:
+    async def sample_one(self, task: Task, tag: int, temperature: float = 1.0) -> Episode:
         """One sampled episode — used to verify weight sync (and tempered logprobs) against the learner."""
         from agentrl.engines.vllm_engine import SamplingConfig
 
-        ep = await self._episode(task, SamplingConfig(temperature, 1.0), f"probe{tag}")
-        return ep.to_dict()
+        return await self._episode(task, SamplingConfig(temperature, 1.0), f"probe{tag}")
 
     async def shutdown(self) -> None:
         if self.engine is not None:

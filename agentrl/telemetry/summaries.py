@@ -13,6 +13,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Mapping
 
+from agentrl.api import GroupSummary
 from agentrl.rewards.behaviours import behaviour_rates
 
 # the phases of a step the driver times (seconds); ``generate`` comes from the summaries instead
@@ -30,7 +31,7 @@ def summarize(results: list[dict]) -> dict[str, tuple[int, float]]:
     return out
 
 
-def step_metrics(summaries: list[dict], timings: Mapping[str, float], learn: Mapping[str, float],
+def step_metrics(summaries: list[GroupSummary], timings: Mapping[str, float], learn: Mapping[str, float],
                  version: int) -> dict[str, float]:
     """One step's metrics from its group summaries.
 
@@ -38,14 +39,14 @@ def step_metrics(summaries: list[dict], timings: Mapping[str, float], learn: Map
     hidden behind learning). ``learn``: the learner's metrics ({} when nothing was trained).
     ``version``: the learner's policy version after this step's update.
     """
-    outcomes = [o for s in summaries for o in s["outcome"]]
-    progress = [p for s in summaries for p in s["progress"]]
+    outcomes = [o for s in summaries for o in s.outcome]
+    progress = [p for s in summaries for p in s.progress]
     n = max(1, len(outcomes))
-    tokens = sum(s["policy_tokens"] for s in summaries)
-    group_std = [statistics.pstdev(s["progress"]) for s in summaries]
-    t_gen = max((s["wall_seconds"] for s in summaries), default=0.0)
-    calls = sum(s["calls"] for s in summaries)
-    valid = sum(s["valid_calls"] for s in summaries)
+    tokens = sum(s.policy_tokens for s in summaries)
+    group_std = [statistics.pstdev(s.progress) for s in summaries]
+    t_gen = max((s.wall_seconds for s in summaries), default=0.0)
+    calls = sum(s.calls for s in summaries)
+    valid = sum(s.valid_calls for s in summaries)
     m = {
         "train/success": sum(outcomes) / n,
         "train/progress": sum(progress) / n,
@@ -57,15 +58,15 @@ def step_metrics(summaries: list[dict], timings: Mapping[str, float], learn: Map
         "perf/tokens_per_s": tokens / max(t_gen, 1e-9),
         "train/calls_per_episode": calls / n,
         "train/valid_call_fraction": valid / max(1, calls),
-        "train/redundant_call_fraction": sum(s["redundant_calls"] for s in summaries) / max(1, valid),
+        "train/redundant_call_fraction": sum(s.redundant_calls for s in summaries) / max(1, valid),
         "time/generate": t_gen,
         **{f"time/{k}": timings[k] for k in STEP_TIMINGS},
         "train/policy_version": float(version),
-        "train/policy_lag": float(version - 1 - min(s["version"] for s in summaries)) if summaries else 0.0,
+        "train/policy_lag": float(version - 1 - min(s.version for s in summaries)) if summaries else 0.0,
     }
     # HierR components, summary reward, omission rate: means over groups (groups are equal-sized)
-    for key in (summaries[0]["rewards"] if summaries else {}):
-        m[f"reward/{key}"] = sum(s["rewards"][key] for s in summaries) / len(summaries)
+    for key in (summaries[0].rewards if summaries else {}):
+        m[f"reward/{key}"] = sum(s.rewards[key] for s in summaries) / len(summaries)
     m.update({f"learner/{k}": float(v) for k, v in learn.items()})
     return m
 
