@@ -88,7 +88,8 @@ class RolloutSide:
         pool = ToolPool.create(cfg.tools.num_actors, rt.tool_actor_cpus, cfg.tools.max_concurrency, sgls,
                                     cfg.tools.sgls)
         rollout_cfg = cfg.rollout if rollout_cfg is None else rollout_cfg
-        options = {"num_cpus": rt.rollout_worker_cpus, "num_gpus": rt.rollout_worker_gpus if engine else 0}
+        options = {"num_cpus": rt.rollout_worker_cpus, "num_gpus": rt.rollout_worker_gpus if engine else 0,
+                   "resources": dict(rt.rollout_worker_resources)}
         workers = [
             RolloutWorker.options(**options).remote(model_path, rollout_cfg, cfg.model.dtype, pool.actors, i,
                                                     weight_sync=weight_sync, rewards_cfg=cfg.rewards)
