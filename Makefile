@@ -44,8 +44,8 @@ $(STAMP): pyproject.toml Makefile
 model: install
 	$(VENV)/bin/agentrl make-model
 
+# The quickstart trains the warm start shipped in agentrl/assets/tiny-agent (nothing to build).
 demo: install
-	$(VENV)/bin/agentrl make-model
 	$(VENV)/bin/agentrl train configs/quickstart.yaml
 
 # Static checks (ruff: rules and line length in pyproject.toml); `make test` runs them first.

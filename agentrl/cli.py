@@ -23,7 +23,7 @@ examples:
   agentrl make-model
   agentrl train configs/quickstart.yaml
   agentrl train configs/quickstart.yaml rollout.group_size=4 train.steps=5
-  agentrl eval --tasks builtin:heldout --model .cache/models/tiny-agent
+  agentrl eval --tasks builtin:heldout --model agentrl/assets/tiny-agent
   agentrl eval --tasks bfcl:all --policy gold
   agentrl tasks export builtin:heldout heldout.parquet
 """
@@ -61,7 +61,10 @@ def _make_model(args: argparse.Namespace) -> int:
             return _fail(err)
     elif args.overrides or args.config:
         return _fail("--out and a config/overrides both set the output folder; give one")
-    from agentrl.engines.tiny_model import TinyModelRecipe, make_model
+    from agentrl.engines.tiny_model import SHIPPED, TinyModelRecipe, make_model
+
+    if Path(out).resolve() == SHIPPED.resolve():  # e.g. --config configs/quickstart.yaml: never rewrite it
+        return _fail(f"{out} is the model shipped with agentrl; build into another folder with --out DIR")
 
     recipe = TinyModelRecipe(seed=args.seed, **{k: v for k, v in vars(args).items() if k in RECIPE_OPTIONS and v is not None})
     if recipe.habit_suite not in ("all", "bank"):

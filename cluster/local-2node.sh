@@ -109,7 +109,7 @@ BIG=$(( HEAD_CPUS > WORKER_CPUS ? HEAD_CPUS : WORKER_CPUS ))
 
 cat <<MSG
 Ray cluster up: 2 nodes on this machine (head: ${HEAD_CPUS} CPU + {"learner": 1}; worker: ${WORKER_CPUS} CPU + {"rollout": 1}).
-Clients need the address and the same auth mode (token: read from ~/.ray/auth_token):
+Clients need the address and the same auth mode (token: \$RAY_AUTH_TOKEN, else ~/.ray/auth_token):
   export RAY_ADDRESS=$ADDRESS RAY_AUTH_MODE=$RAY_AUTH_MODE
   ray status                                   # nodes and resources
   agentrl train configs/quickstart.yaml        # a driver here joins \$RAY_ADDRESS
@@ -121,9 +121,9 @@ if (( 2 * SPLIT > BIG )); then
 MSG
 fi
 cat <<MSG
-As a Ray job instead (the repo is uploaded as its working dir without .gitignore'd paths such as
-.cache/, so give model.path as an absolute path):
+As a Ray job instead (the repo, without its .gitignore'd paths, is the job's working dir; the
+rollout workers on the worker node; the run folder here):
   ray job submit --address http://127.0.0.1:$DASHBOARD_PORT --working-dir . -- \\
-    agentrl train configs/quickstart.yaml model.path=$AGENTRL_CACHE/models/tiny-agent
+    agentrl train configs/quickstart.yaml run.output_dir=$ROOT/runs "runtime.rollout_worker_resources={rollout: 1}"
 Dashboard: http://127.0.0.1:$DASHBOARD_PORT   Stop: cluster/stop.sh
 MSG

@@ -112,10 +112,10 @@ def test_train_interrupted_exits_130(fake_module, capsys):
 
 
 def test_make_model_wiring(fake_module, tmp_path, capsys):
-    from agentrl.engines.tiny_model import TinyModelRecipe  # the real recipe; only the build is faked
+    from agentrl.engines.tiny_model import SHIPPED, TinyModelRecipe  # the real recipe; only the build is faked
 
     calls = []
-    fake_module("agentrl.engines.tiny_model", TinyModelRecipe=TinyModelRecipe,
+    fake_module("agentrl.engines.tiny_model", TinyModelRecipe=TinyModelRecipe, SHIPPED=SHIPPED,
                 make_model=lambda out_dir, seed, force, recipe, base: calls.append((out_dir, seed, force, recipe, base)))
     assert main(["make-model", "--out", str(tmp_path / "m"), "--seed", "7", "--force"]) == 0
     assert main(["make-model", "model.path=elsewhere/model"]) == 0
@@ -125,6 +125,9 @@ def test_make_model_wiring(fake_module, tmp_path, capsys):
     assert calls[0][3] == TinyModelRecipe(seed=7) and calls[2][3] == TinyModelRecipe() and calls[2][4] is None
     assert main(["make-model", "model.nope=1"]) == 2
     assert "model.nope" in capsys.readouterr().err
+    # the quickstart trains the shipped model in place: make-model must not rebuild it there
+    assert main(["make-model", "--config", QUICKSTART, "--force"]) == 2
+    assert "shipped with agentrl" in capsys.readouterr().err and len(calls) == 3
 
     # the recipe's options: stage 2 from a saved stage-1 folder, habit rates, located errors
     base = tmp_path / "base"
