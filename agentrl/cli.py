@@ -34,6 +34,22 @@ def _fail(message: object) -> int:
     return 2
 
 
+def _run(fn, *args, **kwargs) -> int:
+    """``fn`` (a run); 2 when the runtime stops on bad input.
+
+    The driver and runtime/cluster.py check the model path, the task files and the RODS state
+    before a run folder or Ray exists, and stop with ``SystemExit("error: <key>: <reason>")``;
+    an exit code given as a string would be 1, and bad input is 2 here."""
+    try:
+        fn(*args, **kwargs)
+    except SystemExit as err:
+        if not isinstance(err.code, str):
+            raise
+        print(err.code, file=sys.stderr)
+        return 2
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
     from agentrl.config import ConfigError, load_config
 
@@ -43,8 +59,7 @@ def _train(args: argparse.Namespace) -> int:
         return _fail(err)
     from agentrl.runtime.driver import train  # torch/Ray only from here on
 
-    train(config, config_path=args.config)
-    return 0
+    return _run(train, config, config_path=args.config)
 
 
 RECIPE_OPTIONS = ("sft_steps", "habit_suite", "habit_steps", "habit_lr", "guess_missing", "skip_lookup", "swap_transfer")
@@ -94,10 +109,9 @@ def _eval(args: argparse.Namespace) -> int:
     from agentrl.runtime.evaluate import evaluate
 
     try:
-        evaluate(config, args.tasks, gold=args.policy == "gold", out_path=args.out, limit=args.limit)
+        return _run(evaluate, config, args.tasks, gold=args.policy == "gold", out_path=args.out, limit=args.limit)
     except (TaskFileError, ValueError, RuntimeError) as err:
         return _fail(err)
-    return 0
 
 
 def _tasks_export(args: argparse.Namespace) -> int:

@@ -50,11 +50,16 @@ def embedded_cpus(cfg: Config) -> int:
 
 
 def resolve_model_path(cfg: Config) -> str:
-    """``model.path`` resolved; exits with a hint when no model is there."""
+    """``model.path`` resolved; exits with a hint when no model is there (the CLI exits 2)."""
     path = Path(cfg.model.path)
     if not (path / "config.json").exists():
-        hint = " Build it with `agentrl make-model`." if "tiny-agent" in str(path) else ""
-        raise SystemExit(f"error: model.path: no model at {path}.{hint}")
+        where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+        hint = ""
+        if path.parts[-3:] == ("agentrl", "assets", "tiny-agent"):  # the quickstart's: relative to the repo root
+            hint = " Run from the repository root, where the shipped model is."
+        elif "tiny-agent" in str(path):
+            hint = " Build it with `agentrl make-model`."
+        raise SystemExit(f"error: model.path: no model at {path}{where}.{hint}")
     return str(path.resolve())
 
 
