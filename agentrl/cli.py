@@ -24,7 +24,7 @@ examples:
   agentrl make-model
   agentrl train configs/quickstart.yaml
   agentrl train configs/quickstart.yaml rollout.group_size=4 train.steps=5
-  agentrl eval --tasks builtin:heldout --model .cache/models/tiny-agent
+  agentrl eval --tasks builtin:heldout --model agentrl/assets/tiny-agent
   agentrl eval --tasks bfcl:all --policy gold
   agentrl tasks export builtin:heldout heldout.parquet
 """
@@ -33,6 +33,22 @@ examples:
 def _fail(message: object) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
+
+
+def _run(fn, *args, **kwargs) -> int:
+    """``fn`` (a run); 2 when the runtime stops on bad input.
+
+    The driver and runtime/cluster.py check the model path, the task files and the RODS state
+    before a run folder or Ray exists, and stop with ``SystemExit("error: <key>: <reason>")``;
+    an exit code given as a string would be 1, and bad input is 2 here."""
+    try:
+        fn(*args, **kwargs)
+    except SystemExit as err:
+        if not isinstance(err.code, str):
+            raise
+        print(err.code, file=sys.stderr)
+        return 2
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -44,8 +60,7 @@ def _train(args: argparse.Namespace) -> int:
         return _fail(err)
     from agentrl.runtime.driver import train  # torch/Ray only from here on
 
-    train(config, config_path=args.config)
-    return 0
+    return _run(train, config, config_path=args.config)
 
 
 RECIPE_OPTIONS = ("sft_steps", "habit_suite", "habit_steps", "habit_lr", "guess_missing", "skip_lookup", "swap_transfer")
@@ -62,7 +77,10 @@ def _make_model(args: argparse.Namespace) -> int:
             return _fail(err)
     elif args.overrides or args.config:
         return _fail("--out and a config/overrides both set the output folder; give one")
-    from agentrl.models.tiny_model import TinyModelRecipe, make_model
+    from agentrl.models.tiny_model import SHIPPED, TinyModelRecipe, make_model
+
+    if Path(out).resolve() == SHIPPED.resolve():  # e.g. --config configs/quickstart.yaml: never rewrite it
+        return _fail(f"{out} is the model shipped with agentrl; build into another folder with --out DIR")
 
     recipe = TinyModelRecipe(seed=args.seed, **{k: v for k, v in vars(args).items() if k in RECIPE_OPTIONS and v is not None})
     if recipe.habit_suite not in ("all", "bank"):
@@ -92,10 +110,9 @@ def _eval(args: argparse.Namespace) -> int:
     from agentrl.runtime.evaluate import evaluate
 
     try:
-        evaluate(config, args.tasks, gold=args.policy == "gold", out_path=args.out, limit=args.limit)
+        return _run(evaluate, config, args.tasks, gold=args.policy == "gold", out_path=args.out, limit=args.limit)
     except (TaskFileError, ValueError, RuntimeError) as err:
         return _fail(err)
-    return 0
 
 
 def _tasks_export(args: argparse.Namespace) -> int:

@@ -14,14 +14,19 @@
 #   AGENT_PORT [52370]     dashboard-agent HTTP port of the head; the worker takes AGENT_PORT+1.
 #                          (Ray's default, 52365, can only serve one node per machine and is the
 #                          one an embedded `agentrl train` / `make test` Ray uses.)
-#   RAY_TMPDIR [/tmp/agentrl-ray-cluster]  Ray session/log folder (kept apart from embedded runs)
+#   CLIENT_PORT [10001]    Ray Client server port of the head (Ray's default; change it next to
+#                          another head that uses it)
+#   RAY_TMPDIR [/tmp/agentrl-ray-cluster]  Ray session/log folder of the head (kept apart from
+#                          embedded runs); the worker node's is $RAY_TMPDIR/worker. Each node needs
+#                          its own: a node unpacks a job's --working-dir into its session folder,
+#                          deleting any copy already there — under a driver running from it.
 #   RAY_AUTH_MODE [token]  Ray 2.60 token auth; the token lives in ~/.ray/auth_token (created if absent).
 #                          `disabled` turns it off: only on a machine no one else can reach, since
 #                          the dashboard binds 127.0.0.1 but Ray's GCS port listens on every interface.
 #   RAY [.venv/bin/ray, else `ray` on PATH]
 # Custom resources: the head advertises {"learner": 1}, the worker {"rollout": 1}. They show in
-# `ray status` and any actor can target them with .options(resources=...). agentrl itself places
-# actors by CPU counts (runtime.rollout_worker_cpus, runtime.learner_cpus), not by these names.
+# `ray status`; `runtime.rollout_worker_resources={rollout: 1}` puts agentrl's rollout workers on
+# the worker node. The learner is placed by CPU count (runtime.learner_cpus).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,6 +45,7 @@ DASHBOARD_PORT="${DASHBOARD_PORT:-8265}"
 HEAD_CPUS="${HEAD_CPUS:-2}"
 WORKER_CPUS="${WORKER_CPUS:-2}"
 AGENT_PORT="${AGENT_PORT:-52370}"
+CLIENT_PORT="${CLIENT_PORT:-10001}"
 export RAY_TMPDIR="${RAY_TMPDIR:-/tmp/agentrl-ray-cluster}"
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 # Same offline/cache settings as the Makefile; actors inherit the raylets' environment.
@@ -89,11 +95,11 @@ wait_nodes() {  # until N alive nodes (or give up after ~60 s)
 start_node head --head --node-ip-address 127.0.0.1 --port "$RAY_PORT" \
   --num-cpus "$HEAD_CPUS" --resources '{"learner": 1}' \
   --include-dashboard true --dashboard-host 127.0.0.1 --dashboard-port "$DASHBOARD_PORT" \
-  --dashboard-agent-listen-port "$AGENT_PORT" --temp-dir "$RAY_TMPDIR"
+  --dashboard-agent-listen-port "$AGENT_PORT" --ray-client-server-port "$CLIENT_PORT" --temp-dir "$RAY_TMPDIR"
 wait_nodes 1
 start_node worker --address "$ADDRESS" --node-ip-address 127.0.0.1 \
   --num-cpus "$WORKER_CPUS" --resources '{"rollout": 1}' \
-  --dashboard-agent-listen-port "$((AGENT_PORT + 1))"
+  --dashboard-agent-listen-port "$((AGENT_PORT + 1))" --temp-dir "$RAY_TMPDIR/worker"
 wait_nodes 2
 
 # Cross-node recipe: rollout worker and learner each ask for a whole node's CPUs, so they cannot
@@ -103,7 +109,7 @@ BIG=$(( HEAD_CPUS > WORKER_CPUS ? HEAD_CPUS : WORKER_CPUS ))
 
 cat <<MSG
 Ray cluster up: 2 nodes on this machine (head: ${HEAD_CPUS} CPU + {"learner": 1}; worker: ${WORKER_CPUS} CPU + {"rollout": 1}).
-Clients need the address and the same auth mode (token: read from ~/.ray/auth_token):
+Clients need the address and the same auth mode (token: \$RAY_AUTH_TOKEN, else ~/.ray/auth_token):
   export RAY_ADDRESS=$ADDRESS RAY_AUTH_MODE=$RAY_AUTH_MODE
   ray status                                   # nodes and resources
   agentrl train configs/quickstart.yaml        # a driver here joins \$RAY_ADDRESS
@@ -115,9 +121,9 @@ if (( 2 * SPLIT > BIG )); then
 MSG
 fi
 cat <<MSG
-As a Ray job instead (the repo is uploaded as its working dir without .gitignore'd paths such as
-.cache/, so give model.path as an absolute path):
+As a Ray job instead (the repo, without its .gitignore'd paths, is the job's working dir; the
+rollout workers on the worker node; the run folder here):
   ray job submit --address http://127.0.0.1:$DASHBOARD_PORT --working-dir . -- \\
-    agentrl train configs/quickstart.yaml model.path=$AGENTRL_CACHE/models/tiny-agent
+    agentrl train configs/quickstart.yaml run.output_dir=$ROOT/runs "runtime.rollout_worker_resources={rollout: 1}"
 Dashboard: http://127.0.0.1:$DASHBOARD_PORT   Stop: cluster/stop.sh
 MSG

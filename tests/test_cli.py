@@ -112,10 +112,10 @@ def test_train_interrupted_exits_130(fake_module, capsys):
 
 
 def test_make_model_wiring(fake_module, tmp_path, capsys):
-    from agentrl.models.tiny_model import TinyModelRecipe  # the real recipe; only the build is faked
+    from agentrl.models.tiny_model import SHIPPED, TinyModelRecipe  # the real recipe; only the build is faked
 
     calls = []
-    fake_module("agentrl.models.tiny_model", TinyModelRecipe=TinyModelRecipe,
+    fake_module("agentrl.models.tiny_model", TinyModelRecipe=TinyModelRecipe, SHIPPED=SHIPPED,
                 make_model=lambda out_dir, seed, force, recipe, base: calls.append((out_dir, seed, force, recipe, base)))
     assert main(["make-model", "--out", str(tmp_path / "m"), "--seed", "7", "--force"]) == 0
     assert main(["make-model", "model.path=elsewhere/model"]) == 0
@@ -125,6 +125,9 @@ def test_make_model_wiring(fake_module, tmp_path, capsys):
     assert calls[0][3] == TinyModelRecipe(seed=7) and calls[2][3] == TinyModelRecipe() and calls[2][4] is None
     assert main(["make-model", "model.nope=1"]) == 2
     assert "model.nope" in capsys.readouterr().err
+    # the quickstart trains the shipped model in place: make-model must not rebuild it there
+    assert main(["make-model", "--config", QUICKSTART, "--force"]) == 2
+    assert "shipped with agentrl" in capsys.readouterr().err and len(calls) == 3
 
     # the recipe's options: stage 2 from a saved stage-1 folder, habit rates, located errors
     base = tmp_path / "base"
@@ -173,7 +176,7 @@ def test_missing_model_fails_before_run_folder_and_ray(tmp_path):
          f"run.output_dir={tmp_path / 'runs'}"],
         capture_output=True, text=True, timeout=120,
     )
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert f"model.path: no model at {tmp_path / 'nope'}" in proc.stderr
     assert not (tmp_path / "runs").exists()
     assert "Started a local Ray instance" not in proc.stderr
@@ -185,7 +188,7 @@ def test_bad_task_source_fails_before_run_folder_and_ray(tmp_path, tiny_model_di
          "tasks.heldout=bfcl:nope", f"run.output_dir={tmp_path / 'runs'}"],
         capture_output=True, text=True, timeout=120,
     )
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert "tasks.heldout: unknown task source 'bfcl:nope'" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "runs").exists()
 
@@ -198,6 +201,34 @@ def test_rods_config_errors_fail_before_run_folder_and_ray(tmp_path, tiny_model_
     assert proc.returncode == 2 and "rods.enabled" in proc.stderr and "tasks.fresh_train=false" in proc.stderr, proc.stderr
     proc = subprocess.run(base + ["tasks.fresh_train=false", f"rods.resume_from={tmp_path / 'nope.json'}"],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert f"rods.resume_from: cannot read the pool state {tmp_path / 'nope.json'}" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "runs").exists()
+
+
+
+SHIPPED_MODEL = str(ROOT / "agentrl" / "assets" / "tiny-agent")
+BAD_INPUTS = {  # case -> (model, task source or None, what stderr says); {tmp} is the test's folder
+    "missing model": ("{tmp}/nope", None, "model.path: no model at {tmp}/nope"),
+    "missing task file": (SHIPPED_MODEL, "{tmp}/nope.jsonl", "unknown task source '{tmp}/nope.jsonl'"),
+    "malformed task file": (SHIPPED_MODEL, "{tmp}/bad.jsonl", "{tmp}/bad.jsonl:1: invalid JSON"),
+}
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_exits_2_from_train_and_eval(tmp_path, command, case):
+    """Every bad input is exit 2 with a located message, from `train` as from `eval`, before a run
+    folder, an eval output or Ray exists."""
+    (tmp_path / "bad.jsonl").write_text('{"id": \n')
+    model, tasks, says = (x and x.format(tmp=tmp_path) for x in BAD_INPUTS[case])
+    if command == "train":
+        argv = ["train", QUICKSTART, f"model.path={model}", *([f"tasks.heldout={tasks}"] if tasks else [])]
+        says = f"tasks.heldout: {says}" if tasks else says
+    else:
+        argv = ["eval", "--model", model, "--tasks", tasks or "builtin:heldout"]
+    res = run_cli(argv, tmp_path, module="agentrl")
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.startswith("error: ") and says in res.stderr, res.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]  # no runs/, .cache/ or eval output
+    assert "Started a local Ray instance" not in res.stderr

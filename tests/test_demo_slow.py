@@ -1,4 +1,4 @@
-"""The quickstart's promise, checked for real: `make demo`'s two commands, end to end.
+"""The quickstart's promise, checked for real: `make demo`'s command, end to end.
 
 Slow (~20 min on 2 cores): run with `make test-slow`.
 """
@@ -19,10 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_quickstart_demo_improves_heldout_success(tmp_path):
     env = dict(os.environ, AGENTRL_CACHE=str(REPO / ".cache"))
-    agentrl = [sys.executable, "-m", "agentrl.cli"]
-    subprocess.run([*agentrl, "make-model"], cwd=REPO, env=env, check=True, timeout=1800)
     out = subprocess.run(
-        [*agentrl, "train", "configs/quickstart.yaml", f"run.output_dir={tmp_path}"],
+        [sys.executable, "-m", "agentrl.cli", "train", "configs/quickstart.yaml", f"run.output_dir={tmp_path}"],
         cwd=REPO, env=env, check=True, timeout=1800, capture_output=True, text=True,
     ).stdout
     last = out.strip().splitlines()[-1]

@@ -170,6 +170,35 @@ def test_dockerfiles_match_the_packaging():
             assert (ROOT / src).exists(), f"COPY source {src} is not in the repo"
 
 
+BENCHMARKS = "requirements/benchmarks.txt"
+INSTALL_BENCHMARKS = re.compile(r"pip install (?:-q |--no-cache-dir )*--no-deps -r \"?(?:\$HOME/agentrl/)?"
+                                + re.escape(BENCHMARKS))
+
+
+def test_benchmarks_install_from_one_list_everywhere():
+    """make, both images and the cluster launcher install BFCL and τ² from requirements/benchmarks.txt,
+    with --no-deps, and pin them nowhere else; the list matches the versions agentrl checks."""
+    lines = [x.strip() for x in (ROOT / BENCHMARKS).read_text().splitlines()]
+    pins = dict(x.split("==") for x in lines if x and not x.startswith("#"))
+    bfcl = re.search(r'BFCL_VERSION = "([^"]+)"', (ROOT / "agentrl/envs/bfcl/__init__.py").read_text()).group(1)
+    from agentrl.envs.tau2 import PACKAGES  # imports no τ² package
+
+    assert pins == {"bfcl-eval": bfcl, **dict(PACKAGES.values())}
+
+    makefile = (ROOT / "Makefile").read_text()
+    assert INSTALL_BENCHMARKS.search(makefile), "the Makefile does not install the list"
+    assert re.search(rf"^\$\(STAMP\):.*\b{re.escape(BENCHMARKS)}\b", makefile, re.M), "make must reinstall when it changes"
+    launcher = load(ROOT / "cluster" / "aws-gpu.yaml")
+    assert launcher["file_mounts"]["~/agentrl/requirements"] == "requirements"
+    assert any(INSTALL_BENCHMARKS.search(cmd) for cmd in launcher["setup_commands"]), "aws-gpu.yaml does not install it"
+    for name in ("Dockerfile.cpu", "Dockerfile.gpu"):
+        text = (ROOT / "docker" / name).read_text()
+        assert re.search(rf"^COPY (?:--\S+ )*{re.escape(BENCHMARKS)} ", text, re.M), f"{name} does not copy the list"
+        assert INSTALL_BENCHMARKS.search(text), f"{name} does not install it"
+    for path in (ROOT / "Makefile", ROOT / "cluster" / "aws-gpu.yaml", *(ROOT / "docker").glob("Dockerfile.*")):
+        assert not any(f"{name}==" in path.read_text() for name in pins), f"{path.name} pins a benchmark itself"
+
+
 # ------------------------------------------------------------------------------------ shell
 def test_shell_scripts_parse():
     assert SCRIPTS, "no shell scripts found"

@@ -496,6 +496,9 @@ class RuntimeConfig(Section):
     rollout_worker_gpus: NonNegFloat = 0.0
     # GPUs for the learner actor (its DeepSpeed engine); 0 on CPU machines.
     learner_gpus: NonNegFloat = 0.0
+    # Custom Ray resources each rollout worker asks for, e.g. `{rollout: 1}` to put the workers on
+    # the nodes started with `ray start --resources '{"rollout": 1}'`; `{}` = placed by CPUs/GPUs only.
+    rollout_worker_resources: dict[NonEmptyStr, NonNegFloat] = Field(default_factory=dict)
     # How new weights reach the rollout engines: Ray object store or NCCL broadcast (GPU only).
     weight_sync: Literal["object_store", "nccl"] = "object_store"
 

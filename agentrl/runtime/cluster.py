@@ -50,11 +50,16 @@ def embedded_cpus(cfg: Config) -> int:
 
 
 def resolve_model_path(cfg: Config) -> str:
-    """``model.path`` resolved; exits with a hint when no model is there."""
+    """``model.path`` resolved; exits with a hint when no model is there (the CLI exits 2)."""
     path = Path(cfg.model.path)
     if not (path / "config.json").exists():
-        hint = " Build it with `agentrl make-model`." if "tiny-agent" in str(path) else ""
-        raise SystemExit(f"error: model.path: no model at {path}.{hint}")
+        where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+        hint = ""
+        if path.parts[-3:] == ("agentrl", "assets", "tiny-agent"):  # the quickstart's: relative to the repo root
+            hint = " Run from the repository root, where the shipped model is."
+        elif "tiny-agent" in str(path):
+            hint = " Build it with `agentrl make-model`."
+        raise SystemExit(f"error: model.path: no model at {path}{where}.{hint}")
     return str(path.resolve())
 
 
@@ -88,7 +93,8 @@ class RolloutSide:
         pool = ToolPool.create(cfg.tools.num_actors, rt.tool_actor_cpus, cfg.tools.max_concurrency, sgls,
                                     cfg.tools.sgls)
         rollout_cfg = cfg.rollout if rollout_cfg is None else rollout_cfg
-        options = {"num_cpus": rt.rollout_worker_cpus, "num_gpus": rt.rollout_worker_gpus if engine else 0}
+        options = {"num_cpus": rt.rollout_worker_cpus, "num_gpus": rt.rollout_worker_gpus if engine else 0,
+                   "resources": dict(rt.rollout_worker_resources)}
         workers = [
             RolloutWorker.options(**options).remote(model_path, rollout_cfg, cfg.model.dtype, pool.actors, i,
                                                     weight_sync=weight_sync, rewards_cfg=cfg.rewards)
