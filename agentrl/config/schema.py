@@ -171,7 +171,10 @@ class SGLSConfig(Section):
 
 
 class ToolsConfig(Section):
-    # Number of tool-pool actors executing tool calls (each hosts executable backends' sessions).
+    # Where executable backends' sessions (builtin, BFCL) run: in_process = in the rollout worker (no Ray
+    # call per tool call), pool = on the tool-pool actors (isolates heavy or unsafe backends). "sgls" always uses the pool.
+    placement: Literal["in_process", "pool"] = "in_process"
+    # Number of tool-pool actors; started only when placement = pool or tools.sgls is set.
     num_actors: PosInt = 1
     # Concurrent tool calls one tool-pool actor serves.
     max_concurrency: PosInt = 64

@@ -1,6 +1,7 @@
 """One episode's environment: a backend session plus the per-turn checker, behind one object.
 
-The simulator-pool actors host these (one per in-flight episode); the SFT warm start and tests
+Rollout workers run these in their own process (``tools.placement: in_process``), or the
+tool-pool actors host them (``pool``; one per in-flight episode); the SFT warm start and tests
 use them directly. The async methods match ``agentrl.agent.episode.EnvSession``.
 
 Which check runs: a backend may define its own per-turn check,
@@ -47,3 +48,6 @@ class LocalEnvSession:
 
     async def end_turn(self, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
         return self.end_turn_sync(turn_index, results)
+
+    async def close(self) -> None:
+        """Nothing to release (the pool's ``RemoteEnvSession.close`` frees the actor's copy)."""

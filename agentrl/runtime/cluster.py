@@ -72,7 +72,9 @@ class RolloutSide:
     """The tool pool and ``rollout.num_workers`` rollout workers (one vLLM engine each).
 
     ``sgls`` is the run's SGLS server actor (None unless ``tools.sgls`` is set); every
-    tool-pool actor reaches it. Workers get ``runtime.rollout_worker_cpus`` / ``_gpus``.
+    tool-pool actor reaches it. Each worker gets the ``ToolPool`` (``tools.placement`` decides
+    whether executable backends run in the worker or on the pool actors). Workers get
+    ``runtime.rollout_worker_cpus`` / ``_gpus``.
     """
 
     def __init__(self, sgls, pool, workers: list, engine: bool = True):
@@ -91,12 +93,12 @@ class RolloutSide:
         rt = cfg.runtime
         sgls = start_sgls_server(cfg, cfg.model.dtype)
         pool = ToolPool.create(cfg.tools.num_actors, rt.tool_actor_cpus, cfg.tools.max_concurrency, sgls,
-                                    cfg.tools.sgls)
+                               cfg.tools.sgls, placement=cfg.tools.placement)
         rollout_cfg = cfg.rollout if rollout_cfg is None else rollout_cfg
         options = {"num_cpus": rt.rollout_worker_cpus, "num_gpus": rt.rollout_worker_gpus if engine else 0,
                    "resources": dict(rt.rollout_worker_resources)}
         workers = [
-            RolloutWorker.options(**options).remote(model_path, rollout_cfg, cfg.model.dtype, pool.actors, i,
+            RolloutWorker.options(**options).remote(model_path, rollout_cfg, cfg.model.dtype, pool, i,
                                                     weight_sync=weight_sync, rewards_cfg=cfg.rewards)
             for i in range(cfg.rollout.num_workers)
         ]

@@ -99,7 +99,8 @@ class RolloutWorker:
             self.engine = VLLMEngine(self.model_path, self.cfg.engine, dtype=self.dtype,
                                      seed=self.cfg.engine.seed + self.worker_index, weight_sync=self.weight_sync)
         self.formatter = ChatFormatter(AutoTokenizer.from_pretrained(self.model_path))
-        self.pool = ToolPool(self.tool_actors)
+        # a ToolPool (it carries tools.placement) or a bare actor list (tests, benchmarks): in_process
+        self.pool = self.tool_actors if isinstance(self.tool_actors, ToolPool) else ToolPool(self.tool_actors)
         self.limits = EpisodeLimits(
             max_new_tokens=self.cfg.max_new_tokens,
             max_assistant_messages_per_turn=self.cfg.max_assistant_messages_per_turn,

@@ -1,9 +1,17 @@
-"""The tool pool: M Ray actors hosting tool-backend sessions, one session per live episode.
+"""The tool pool: where an episode's tool-backend session lives (``tools.placement``).
 
-Rollout workers never execute tools themselves: an episode opens a session on one simulator
-actor (chosen by hashing the session id, so every call of an episode lands on the actor that
-holds its state) and sends calls there. Actors are threaded (``max_concurrency``): Ray queues
-calls beyond that limit at the actor, which is the back-pressure — no unbounded queue in ours.
+``in_process`` (default): executable backends (builtin, BFCL) run in the rollout worker's own
+process, a ``LocalEnvSession`` per episode. A Ray actor call costs ~0.7-1 ms on the 2-core test
+machine against ~30 us for a builtin tool call, so a remote hop per call caps the pool far below
+what the backends can do (docs/benchmarks.md, "Simulator pool").
+
+``pool``: every session lives on one of M Ray actors (chosen by hashing the session id, so every
+call of an episode lands on the actor that holds its state); this isolates heavy or unsafe
+backends from the engine process. Actors are threaded (``max_concurrency``): Ray queues calls
+beyond that limit at the actor, which is the back-pressure — no unbounded queue in ours.
+
+Tasks with backend "sgls" always go to the actors, whatever the placement: only they reach the
+run's one SGLS server, whose cache must be shared by every episode of the cluster.
 """
 
 from __future__ import annotations
@@ -65,20 +73,42 @@ class RemoteEnvSession:
         await self.actor.close.remote(self.session_id)
 
 
+PLACEMENTS = ("in_process", "pool")
+# backends whose sessions only the pool actors can host (they alone register "sgls")
+REMOTE_BACKENDS = frozenset({"sgls"})
+
+
 class ToolPool:
-    def __init__(self, actors: list):
-        if not actors:
+    """Opens sessions in process or on the actors; a plain object, so it travels to the
+    rollout workers inside their constructor arguments."""
+
+    def __init__(self, actors: list, placement: str = "in_process"):
+        if placement not in PLACEMENTS:
+            raise ValueError(f"tools.placement must be one of {PLACEMENTS}, got {placement!r}")
+        if placement == "pool" and not actors:
             raise ValueError("the tool pool needs at least one actor")
-        self.actors = actors
+        self.actors, self.placement = actors, placement
 
     @classmethod
-    def create(cls, num_actors: int, num_cpus: float, max_concurrency: int, sgls_server=None, sgls_cfg=None) -> "ToolPool":
+    def create(cls, num_actors: int, num_cpus: float, max_concurrency: int, sgls_server=None, sgls_cfg=None,
+               placement: str = "in_process") -> "ToolPool":
+        """Start the actors only when something will run on them (placement ``pool``, or an SGLS
+        server to reach): idle actors would still cost a process each."""
+        if placement == "in_process" and sgls_server is None:
+            return cls([], placement)
         seed = sgls_cfg.seed if sgls_cfg is not None else None
         timeout = sgls_cfg.request_timeout_s if sgls_cfg is not None else 300.0
         actor = ToolBackendActor.options(num_cpus=num_cpus, max_concurrency=max_concurrency)
-        return cls([actor.remote(sgls_server, seed, timeout) for _ in range(num_actors)])
+        return cls([actor.remote(sgls_server, seed, timeout) for _ in range(num_actors)], placement)
 
-    async def open(self, session_id: str, task: Task) -> RemoteEnvSession:
+    def in_process(self, task: Task) -> bool:
+        return self.placement == "in_process" and task.backend not in REMOTE_BACKENDS
+
+    async def open(self, session_id: str, task: Task) -> LocalEnvSession | RemoteEnvSession:
+        if self.in_process(task):
+            return LocalEnvSession(task)
+        if not self.actors:  # in_process without tools.sgls: no actor was started
+            raise ValueError(f"task {task.id!r}: backend {task.backend!r} needs tools.sgls, which is not configured")
         actor = self.actors[zlib.crc32(session_id.encode()) % len(self.actors)]
         await actor.open.remote(session_id, task)
         return RemoteEnvSession(actor, session_id)
