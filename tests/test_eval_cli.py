@@ -11,10 +11,11 @@ from agentrl.cli import main
 pytestmark = pytest.mark.integration
 
 
-def test_gold_replay_scores_one_on_builtin_heldout(tiny_model_dir, ray_cluster, tmp_path, capsys):
+@pytest.mark.parametrize("placement", ["in_process", "pool"])  # tool sessions in the rollout worker, or on pool actors
+def test_gold_replay_scores_one_on_builtin_heldout(placement, tiny_model_dir, ray_cluster, tmp_path, capsys):
     out = tmp_path / "gold.jsonl"
     code = main(["eval", "--tasks", "builtin:heldout", "--policy", "gold", "--limit", "4", "--model", str(tiny_model_dir),
-                 "--out", str(out)])
+                 "--out", str(out), f"tools.placement={placement}"])
     printed = capsys.readouterr().out.strip().splitlines()
     assert code == 0
     assert printed[-1] == "overall accuracy: 1.0000"
