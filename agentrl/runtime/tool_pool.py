@@ -3,7 +3,7 @@
 ``in_process`` (default): executable backends (builtin, BFCL) run in the rollout worker's own
 process, a ``LocalEnvSession`` per episode. A Ray actor call costs ~0.7-1 ms on the 2-core test
 machine against ~30 us for a builtin tool call, so a remote hop per call caps the pool far below
-what the backends can do (docs/benchmarks.md, "Simulator pool").
+what the backends can do (docs/benchmarks.md, "Tool pool").
 
 ``pool``: every session lives on one of M Ray actors (chosen by hashing the session id, so every
 call of an episode lands on the actor that holds its state); this isolates heavy or unsafe
