@@ -62,7 +62,7 @@ agentrl train configs/quickstart.yaml rollout.group_size=8 learner.lr=1e-4
 
 # ------------------------------------------------------------------------------ field comments
 
-SCHEMA_FILES = ("types.py", "engine_schema.py", "algo_schema.py", "rods_schema.py", "schema.py")
+SCHEMA_FILES = ("types.py", "engine_schema.py", "algo_schema.py", "rods_schema.py", "rspo_schema.py", "schema.py")
 
 
 def field_comments(source: str | None = None) -> dict[tuple[str, str], str]:
@@ -211,6 +211,7 @@ def section_names() -> list[str]:
 _NEEDS = {
     "needs_critic": "needs `algo.critic`",
     "needs_summary_reward": "needs `rewards.summary` ≠ `none`",
+    "reads_process_reward": "reads the process score (under `rspo.swap` it gets `algo.reward`)",
     "reads_turn_verdicts": "reads per-turn verdicts: refuses `algo.shuffle_rewards`",
 }
 

@@ -23,6 +23,7 @@ from agentrl.algos import registry
 from agentrl.config.algo_schema import AlgoConfig, CriticConfig, GiGPOConfig, LearnerConfig, SLCAConfig
 from agentrl.config.engine_schema import EndpointConfig, EngineConfig, require_one_llm
 from agentrl.config.rods_schema import RodsConfig, RodsLLMConfig
+from agentrl.config.rspo_schema import RspoConfig
 from agentrl.config.types import (
     Bool,
     Fraction,
@@ -246,6 +247,7 @@ class Config(Section):
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     rods: RodsConfig = Field(default_factory=RodsConfig)
+    rspo: RspoConfig = Field(default_factory=RspoConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -266,9 +268,40 @@ class Config(Section):
         if self.train.async_rollouts and self.buffer.max_staleness < 1:
             raise ValueError("train.async_rollouts=true trains on rollouts one policy version old: "
                              f"buffer.max_staleness={self.buffer.max_staleness} must be >= 1")
+        if self.rspo.enabled:
+            self._check_rspo()
         return self
+
+    def _check_rspo(self) -> None:
+        """RSPO's combinations that are undefined or not built (located by the loader)."""
+        r, algo = self.rspo, self.algo
+        g_b = explorer_group_size(r.explorer_fraction, self.rollout.group_size)
+        if self.rollout.group_size - g_b < 2:
+            raise ValueError(f"rspo.explorer_fraction={r.explorer_fraction} with rollout.group_size={self.rollout.group_size} "
+                             f"leaves {self.rollout.group_size - g_b} episode(s) of the policy per group; it needs at least 2 "
+                             "(raise rollout.group_size or lower the fraction)")
+        if r.swap and r.process_reward == algo.reward:
+            raise ValueError(f"rspo.process_reward={r.process_reward} is also algo.reward: the explorer would optimize the "
+                             "policy's own reward; use rspo.process_reward=process, or algo.reward=outcome")
+        if not r.swap and registry.get_estimator(algo.advantage).reads_turn_verdicts:
+            raise ValueError(f"rspo.swap=false (train on the process reward) is not defined for algo.advantage="
+                             f"{algo.advantage}: it reads per-turn verdicts, not only the reward")
+        if self.train.async_rollouts:
+            raise ValueError("rspo.enabled=true with train.async_rollouts=true is not supported yet: the explorer is "
+                             "re-derived after each update and must reach its engines before the next rollouts")
+        if self.runtime.weight_sync != "object_store":
+            raise ValueError("rspo.enabled=true needs runtime.weight_sync=object_store (the explorer's weights travel "
+                             "through the object store)")
+        if self.learner.zero_stage == 3:
+            raise ValueError("rspo.enabled=true needs learner.zero_stage <= 2: the explorer is derived from a full copy "
+                             "of the policy's weights")
+
+
+def explorer_group_size(fraction: float, group_size: int) -> int:
+    """G_B, the explorer's episodes per group: round(fraction * G), at least 1."""
+    return max(1, round(fraction * group_size))
 
 
 # the sections defined in the other config modules, importable from here with the rest of the tree
 __all__ = ["KNOWN_ADVANTAGES", "AlgoConfig", "Config", "CriticConfig", "EndpointConfig", "EngineConfig", "GiGPOConfig",
-           "LearnerConfig", "RodsConfig", "RodsLLMConfig", "SLCAConfig", "Section"]
+           "LearnerConfig", "RodsConfig", "RodsLLMConfig", "RspoConfig", "SLCAConfig", "Section", "explorer_group_size"]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import ray
 
-from agentrl.api import GroupRef, GroupSummary
+from agentrl.api import POLICY, GroupRef, GroupSummary
 from agentrl.config import Config, dump_config
 from agentrl.envs.builtin.generator import generate_tasks, text_key
 from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
@@ -126,12 +126,12 @@ class Trainer:
         self.buffer = ReplayBuffer.remote(cfg.buffer.capacity_groups, cfg.buffer.max_staleness)
         # the learner scores tokens under the tempered distribution the rollouts sampled from
         self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=rt.learner_gpus).remote(
-            model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature)
+            model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature, cfg.rspo)
         starts = self.rollout_side.start()
         learner_version = ray.get(self.learner.get_version.remote())
         print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{learner_version})", flush=True)
-        self.scheduler = RolloutScheduler(self._launch_rollouts, make_weight_sync(rt.weight_sync, self.learner, self.workers),
-                                          cfg.train.async_rollouts)
+        sync = make_weight_sync(rt.weight_sync, self.learner, self.workers, self.rollout_side.explorers)
+        self.scheduler = RolloutScheduler(self._launch_rollouts, sync, cfg.train.async_rollouts)
         self.metrics = MetricsSink(run_dir, cfg.telemetry, cfg.run.name)
         self.progress = ProgressLine(cfg.train.steps, live=None if cfg.telemetry.progress else False)
         self.version = 0  # the learner's policy version
@@ -193,7 +193,9 @@ class Trainer:
         ray.get(self.buffer.add.remote(entries))
         if self.rods is None:
             return None
-        return self.rods.observe.remote(step, [(s.task_id, s.progress) for s in summaries])
+        # RSPO: the boundary is the policy's, unless rspo.boundary_from_explorer
+        mine = [s for s in summaries if s.policy == POLICY or self.cfg.rspo.boundary_from_explorer]
+        return self.rods.observe.remote(step, [(s.task_id, s.progress) for s in mine])
 
     def _learn(self, step: int, n_groups: int, last: bool, timings: dict[str, float]) -> tuple[dict, bool]:
         """Phase 3: one update on up to twice the groups just added; returns (learner metrics,
