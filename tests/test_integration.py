@@ -205,7 +205,7 @@ def test_every_estimator_trains_on_real_rollouts(tiny_model_dir, ray_cluster, tm
     ray.get(worker.shutdown.remote())
     assert {"process", "summary", "omission", "process/format"} <= set(summaries[0].rewards)
 
-    groups = ray.get(refs)
+    groups = ray.get([r.ref for r in refs])
     for g in groups:
         for k, e in enumerate(g.episodes):
             e.turn_passed = [bool(k % 2)] + [False] * (len(e.turn_passed) - 1)
