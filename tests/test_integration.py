@@ -117,7 +117,7 @@ def test_async_rollouts_start_no_step_past_the_time_limit(tiny_model_dir, ray_cl
 
     from agentrl.runtime.driver import Trainer, load_task_sources
 
-    cfg = _config(tiny_model_dir, tmp_path, "train.async_rollouts=true", "train.steps=5")
+    cfg = _config(tiny_model_dir, tmp_path, "train.async_rollouts=true", "train.steps=5", "telemetry.trajectories_every=0")
     trainer = Trainer(cfg, tmp_path, load_task_sources(cfg))
     rollouts = trainer.scheduler
     try:
@@ -137,6 +137,7 @@ def test_async_rollouts_start_no_step_past_the_time_limit(tiny_model_dir, ray_cl
         assert probe.policy_version == trainer.version == 4
     finally:
         trainer.shutdown()
+    assert not (tmp_path / "trajectories").exists()  # telemetry.trajectories_every=0: no writer
 
 
 def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_cluster, tmp_path):
