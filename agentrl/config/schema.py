@@ -212,6 +212,8 @@ class TelemetryConfig(Section):
     ray_metrics: Bool = True
     # Show a live progress display on the terminal.
     progress: Bool = True
+    # Record every training episode in trajectories/ (Parquet), one file per this many steps; 0 = off.
+    trajectories_every: NonNegInt = 10
 
 
 class RuntimeConfig(Section):

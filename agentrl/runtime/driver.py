@@ -11,7 +11,8 @@ runtime/cluster.py, shared with ``agentrl eval``; the metric arithmetic is
 
 Runs the same in-process on an embedded Ray (``agentrl train CONFIG``) and under
 ``ray job submit`` against a cluster (Ray picks up ``RAY_ADDRESS``). The driver never touches a
-trajectory payload: workers put groups into the object store and the learner resolves them.
+trajectory payload: workers put groups into the object store and the learner resolves them (so
+does the trajectory writer, an actor on the driver's node: runtime/trajectory_writer.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from agentrl.envs.builtin.generator import generate_tasks, text_key
 from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
 from agentrl.runtime.process_env import set_default_env
 from agentrl.runtime.scheduler import RolloutScheduler
+from agentrl.runtime.trajectory_writer import Trajectories
 from agentrl.telemetry.metrics import MetricsSink
 from agentrl.telemetry.progress import ProgressLine, eval_table
 from agentrl.telemetry.summaries import eval_metrics, step_metrics
@@ -133,6 +135,7 @@ class Trainer:
         sync = make_weight_sync(rt.weight_sync, self.learner, self.workers, self.rollout_side.explorers)
         self.scheduler = RolloutScheduler(self._launch_rollouts, sync, cfg.train.async_rollouts)
         self.metrics = MetricsSink(run_dir, cfg.telemetry, cfg.run.name)
+        self.trajectories = Trajectories(run_dir, model_path, cfg.telemetry.trajectories_every)
         self.progress = ProgressLine(cfg.train.steps, live=None if cfg.telemetry.progress else False)
         self.version = 0  # the learner's policy version
         self.deadline: float | None = None  # train.max_minutes as a perf_counter time (set by train())
@@ -187,10 +190,11 @@ class Trainer:
         return summaries, entries
 
     def _store(self, step: int, summaries: list[GroupSummary], entries: list[GroupRef]):
-        """Phase 2: the groups into the replay buffer; with RODS, their rewards to the pool
-        (boundary statistics from the batch itself: no extra rollouts). Returns the pending
-        observe call (awaited in phase 5), or None."""
+        """Phase 2: the groups into the replay buffer and the trajectory records (not awaited);
+        with RODS, their rewards to the pool (boundary statistics from the batch itself: no extra
+        rollouts). Returns the pending observe call (awaited in phase 5), or None."""
         ray.get(self.buffer.add.remote(entries))
+        self.trajectories.add(step, entries)
         if self.rods is None:
             return None
         # RSPO: the boundary is the policy's, unless rspo.boundary_from_explorer
@@ -248,6 +252,7 @@ class Trainer:
             (out_dir / POOL_STATE).write_text(json.dumps(ray.get(self.rods.state_dict.remote())))
 
     def shutdown(self) -> None:
+        self.trajectories.close()  # while the rollout workers, which own the groups, still live
         if self.rods is not None:
             ray.get(self.rods.shutdown.remote())
             self.drain_pool_log()  # jobs that finished after the last step
