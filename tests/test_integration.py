@@ -53,6 +53,12 @@ def test_two_training_iterations_through_real_actors(tiny_model_dir, ray_cluster
     assert (run_dir / "report.png").exists()
     assert any((run_dir / "tb").iterdir())
     _check_trajectories(run_dir, steps, versions=[0, 1])
+    # the step timeline: the driver's phases of both steps, and Ray's spans of the actor calls
+    trace = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+    phases = [(e["name"], e["args"].get("step")) for e in trace if e.get("pid") == "driver"]
+    assert [p for p in phases if p[0] != "eval"] == [(f"{k} {n}", s) for s in (1, 2)
+                                                     for k, n in enumerate(["rollouts", "store", "learn", "sync", "metrics"], 1)]
+    assert {"rollout", "train", "load_weights"} <= {e.get("name") for e in trace}
 
 
 def _check_trajectories(run_dir, steps, versions):

@@ -212,6 +212,9 @@ class TelemetryConfig(Section):
     ray_metrics: Bool = True
     # Show a live progress display on the terminal.
     progress: Bool = True
+    # Write trace.json to the run folder at the end: the driver's phases and Ray's timeline of
+    # every actor call, as a Chrome trace (chrome://tracing, ui.perfetto.dev).
+    trace: Bool = True
     # Record every training episode in trajectories/ (Parquet), one file per this many steps; 0 = off.
     trajectories_every: NonNegInt = 10
 
