@@ -23,6 +23,11 @@ class EngineConfig(Section):
     max_model_len: PosInt = 2048
     # Engine sampling seed.
     seed: NonNegInt = 0
+    # CPU cores vLLM's OpenMP threads bind to (exported as VLLM_CPU_OMP_THREADS_BIND): "auto" (vLLM
+    # picks, all cores of a NUMA node), "nobind", or a core list such as "0-1" or "1". With
+    # synchronous rollouts generation and the update alternate, so both can use every core; with
+    # train.async_rollouts they overlap: split the cores, e.g. "1" here and learner.threads 1.
+    cpu_threads_bind: NonEmptyStr = "auto"
 
 
 class EndpointConfig(Section):
