@@ -136,15 +136,17 @@ def main() -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--override", action="append", default=[], help="extra KEY=VALUE for every run")
+    p.add_argument("--keep-done", action="store_true", help="skip runs already in --out's results.json without an error")
     args = p.parse_args()
     arms, seeds = args.arms.split(","), [int(s) for s in args.seeds.split(",")]
     if unknown := [a for a in arms if a not in ARMS]:
         p.error(f"unknown arm(s) {unknown}; known: {list(ARMS)}")
-    plan = [(a, s) for s in seeds for a in arms]
+    path = args.out / "results.json"
+    done = {(r["arm"], r["seed"]) for r in (json.loads(path.read_text()) if path.exists() else []) if "error" not in r}
+    plan = [(a, s) for s in seeds for a in arms if not (args.keep_done and (a, s) in done)]
     minutes = sum(MINUTES_PER_RUN[a] for a, _ in plan)
     print(f"plan: {len(plan)} runs ({', '.join(f'{a}-s{s}' for a, s in plan)}), ~{minutes} min", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "results.json"
     results = [r for r in (json.loads(path.read_text()) if path.exists() else []) if (r["arm"], r["seed"]) not in plan]
     for i, (arm, seed) in enumerate(plan, 1):
         r = run_one(arm, seed, args)
