@@ -50,15 +50,18 @@ class Explorer:
         n_tok = sum(m.n_tokens for m in micro)
         if n_tok == 0:
             return {"rspo/explorer_tokens": 0.0}
-        with torch.no_grad():
-            for m in micro:  # pi_old of the derivation = B before its first step = A
-                m.old_logprobs = token_logprobs(self.model, m.input_ids, m.attention_mask, temperature=self.temperature)
+        if self.steps > 1:  # pi_old of the derivation = B before its first step = A, needed up front
+            with torch.no_grad():
+                for m in micro:
+                    m.old_logprobs = token_logprobs(self.model, m.input_ids, m.attention_mask, temperature=self.temperature)
         opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.0)
         losses = []
         for _ in range(self.steps):
             total = 0.0
             for m in micro:
                 lp = token_logprobs(self.model, m.input_ids, m.attention_mask, temperature=self.temperature)
+                if m.old_logprobs is None:  # one step: pi_old is this very forward (B = A)
+                    m.old_logprobs = lp.detach()
                 loss, _ = policy_loss(lp, m.old_logprobs, m.advantages, m.response_mask, self.loss_cfg,
                                       rollout_logprobs=m.rollout_logprobs, n_tokens_global=n_tok)
                 loss.backward()
