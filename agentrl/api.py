@@ -29,6 +29,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor
 
+# Episode.policy: the policy being trained, or RSPO's explorer (docs/design.md §4, "RSPO")
+POLICY, EXPLORER = "policy", "explorer"
+
 
 @dataclass
 class Generation:
@@ -54,6 +57,7 @@ class Episode:
     rewards: dict[str, float] = field(default_factory=dict)
     policy_version: int = 0
     group_id: str = ""
+    policy: str = POLICY  # which policy sampled it: POLICY (the one trained) or EXPLORER (RSPO)
     gen_seconds: float = 0.0
     env_seconds: float = 0.0
     # One entry per assistant message ("step"): its policy-token range [start, end), the user turn
@@ -87,6 +91,10 @@ class EpisodeGroup:
     version: int  # policy version of the weights that sampled every episode of the group
     episodes: list[Episode]
     wall_seconds: float = 0.0  # from the rollout call's start to this group's end
+    policy: str = POLICY  # the policy that sampled every episode of the group
+    # Groups with the same mix_key were rolled out on the same task in the same step (with RSPO:
+    # the policy's part and the explorer's part of one mixed group); the learner merges them.
+    mix_key: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -113,6 +121,7 @@ class GroupSummary:
     gen_seconds: float
     env_seconds: float
     wall_seconds: float
+    policy: str = POLICY
 
 
 @dataclass(frozen=True)
@@ -137,6 +146,7 @@ class TrainBatch:
     advantages: list[list[float]] | None = None
     token_rewards: list[list[float]] | None = None
     rollout_logprobs: list[list[float]] | None = None  # the sampler's logprobs, 0 off the policy tokens
+    explorer: list[bool] | None = None  # per sequence: sampled by the RSPO explorer (its IS cap applies)
 
     def __post_init__(self) -> None:
         if (self.advantages is None) == (self.token_rewards is None):
@@ -167,6 +177,7 @@ class MicroBatch:
     # with (whitened) GAE advantages
     advantages: Tensor
     rollout_logprobs: Tensor | None = None  # the sampler's logprobs, when the batch has them
+    explorer_rows: Tensor | None = None  # bool [B]: rows the RSPO explorer sampled, when the batch has them
     # filled in by the learner's phases
     ref_logprobs: Tensor | None = None  # frozen reference (KL in the loss)
     old_logprobs: Tensor | None = None  # pi_old

@@ -1,4 +1,4 @@
-"""``agentrl`` command line: train, eval, make-model, tasks export.
+"""``agentrl`` command line: train, eval, show, make-model, tasks export.
 
 Everything heavy (torch, Ray, vLLM, DeepSpeed) is imported inside the subcommand that needs it, so
 ``agentrl --help`` and a config typo answer in well under a second, and a bad config exits 2
@@ -9,12 +9,15 @@ before any run folder, Ray cluster or model exists. The same entry point runs lo
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from agentrl import __version__
 from agentrl.runtime.process_env import set_default_env
+from agentrl.telemetry.trajectories import TrajectoryError, read_trajectories
+from agentrl.telemetry.transcript import print_episodes
 
 # Before anything can import transformers/vLLM: offline hubs, caches under ./.cache, CPU DeepSpeed.
 set_default_env()
@@ -26,6 +29,7 @@ examples:
   agentrl train configs/quickstart.yaml rollout.group_size=4 train.steps=5
   agentrl eval --tasks builtin:heldout --model agentrl/assets/tiny-agent
   agentrl eval --tasks bfcl:all --policy gold
+  agentrl show runs/quickstart-20250101-120000 --step 20 --failed
   agentrl tasks export builtin:heldout heldout.parquet
 """
 
@@ -115,6 +119,28 @@ def _eval(args: argparse.Namespace) -> int:
         return _fail(err)
 
 
+def _show(args: argparse.Namespace) -> int:
+    if args.limit < 0:
+        return _fail(f"--limit: a count >= 0, got {args.limit}")
+    try:
+        rows = read_trajectories(args.run, step=args.step, task_id=args.task, failed=args.failed,
+                                 limit=args.limit or None)
+    except TrajectoryError as err:
+        return _fail(err)
+    if not rows and args.task is not None and not read_trajectories(args.run, step=args.step, task_id=args.task, limit=1):
+        where = f" at step {args.step}" if args.step is not None else ""
+        return _fail(f"{args.run}: no episodes of task {args.task!r}{where}")
+    try:
+        print_episodes(rows, raw=args.raw)
+        if not rows:
+            print("no failed episodes" if args.failed else "no episodes")
+        elif len(rows) == args.limit:
+            print(f"\n(first {args.limit} episodes; --limit N shows more, 0 all)", flush=True)
+    except BrokenPipeError:  # `agentrl show RUN | head`: the reader has gone, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+    return 0
+
+
 def _tasks_export(args: argparse.Namespace) -> int:
     from agentrl.envs.sources import resolve_task_source
     from agentrl.tasks.io import TaskFileError, save_tasks
@@ -183,6 +209,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-entry results (default runs/eval/results.jsonl)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     p.set_defaults(func=_eval)
+
+    p = sub.add_parser("show", help="print the episodes a training run recorded",
+                       description="Print the training episodes recorded in RUN/trajectories/ "
+                                   "(telemetry.trajectories_every): per episode a header (step, task, "
+                                   "policy version, outcome, progress, termination), its rewards, the "
+                                   "conversation and the calls with their observations. In step order.")
+    p.add_argument("run", metavar="RUN", help="run folder, e.g. runs/quickstart-20250101-120000")
+    p.add_argument("--step", type=int, metavar="K", help="only training step K")
+    p.add_argument("--task", metavar="ID", help="only episodes of task ID")
+    p.add_argument("--failed", action="store_true", help="only episodes with outcome < 1")
+    p.add_argument("--limit", type=int, default=20, metavar="N", help="at most N episodes (default 20; 0 = all)")
+    p.add_argument("--raw", action="store_true", help="the recorded text verbatim: template tokens, nothing cut")
+    p.set_defaults(func=_show)
 
     p = sub.add_parser("tasks", help="task set utilities")
     tasks = p.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)

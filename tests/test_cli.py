@@ -28,7 +28,7 @@ def run_cli(args: list[str], cwd: Path, module: str = "agentrl.cli", env: dict |
 def test_help(tmp_path, module):
     res = run_cli(["--help"], tmp_path, module)
     assert res.returncode == 0, res.stderr
-    for command in ("train", "make-model", "tasks"):
+    for command in ("train", "make-model", "show", "tasks"):
         assert command in res.stdout
     res = run_cli(["tasks", "export", "--help"], tmp_path, module)
     assert res.returncode == 0 and "SOURCE" in res.stdout

@@ -52,6 +52,34 @@ def test_two_training_iterations_through_real_actors(tiny_model_dir, ray_cluster
     assert (run_dir / "final" / "model.safetensors").exists()
     assert (run_dir / "report.png").exists()
     assert any((run_dir / "tb").iterdir())
+    _check_trajectories(run_dir, steps, versions=[0, 1])
+    # the step timeline: the driver's phases of both steps, and Ray's spans of the actor calls
+    trace = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+    phases = [(e["name"], e["args"].get("step")) for e in trace if e.get("pid") == "driver"]
+    assert [p for p in phases if p[0] != "eval"] == [(f"{k} {n}", s) for s in (1, 2)
+                                                     for k, n in enumerate(["rollouts", "store", "learn", "sync", "metrics"], 1)]
+    assert {"rollout", "train", "load_weights"} <= {e.get("name") for e in trace}
+
+
+def _check_trajectories(run_dir, steps, versions):
+    """The trajectory writer recorded every trained episode of every step, with its step and
+    behaviour version: the records' outcomes and policy tokens add up to the step's metrics."""
+    from agentrl.cli import main
+    from agentrl.telemetry.trajectories import read_trajectories
+
+    rows = read_trajectories(run_dir)
+    assert len(rows) == len(steps) * 2 * 4  # steps x tasks_per_step x group_size
+    for x, version in zip(steps, versions):
+        mine = [r for r in rows if r["step"] == x["step"]]
+        assert len(mine) == 8 and {r["policy_version"] for r in mine} == {version}
+        assert len({(r["group_id"], r["index"]) for r in mine}) == 8 and len({r["task_id"] for r in mine}) == 2
+        assert sum(r["outcome"] for r in mine) / 8 == pytest.approx(x["train/success"])
+        assert sum(r["policy_tokens"] for r in mine) == x["train/policy_tokens"]
+    for r in rows:
+        roles = [m["role"] for m in r["messages"]]
+        assert roles[0] == "prompt" and "assistant" in roles and "outcome" in r["rewards"]
+        assert len(r["calls"]) >= 1 and r["tokens"] > r["policy_tokens"] > 0
+    assert main(["show", str(run_dir), "--step", str(steps[-1]["step"]), "--limit", "1"]) == 0
 
 
 def test_async_rollouts_overlap_learning_one_version_behind(tiny_model_dir, ray_cluster, tmp_path):
@@ -65,7 +93,7 @@ def test_async_rollouts_overlap_learning_one_version_behind(tiny_model_dir, ray_
     # the test model rarely succeeds, so advantages are mostly 0: an entropy bonus makes every
     # update move the policy, so the one-version lag shows in the logprob gap
     cfg = _config(tiny_model_dir, tmp_path, "train.async_rollouts=true", "train.steps=3", "train.eval_every=2",
-                  "learner.mini_batches=2", "learner.lr=1e-3", "algo.entropy_coef=0.01")
+                  "learner.mini_batches=2", "learner.lr=1e-3", "algo.entropy_coef=0.01", "telemetry.trajectories_every=2")
     evals = train(cfg, config_path=None)
     run_dir = next((tmp_path / "runs").iterdir())
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -80,6 +108,10 @@ def test_async_rollouts_overlap_learning_one_version_behind(tiny_model_dir, ray_
     assert all(x["time/generate"] > 0 for x in steps)
     assert [x["step"] for x in lines if "eval/success" in x] == [0, 2, 3]  # the start, every 2 steps, the end
     assert set(evals) == {"start", "end"}
+    # step k+1 rolled out on the weights step k trained from: versions 0, 0, 1; one file per 2 steps
+    assert sorted(p.name for p in (run_dir / "trajectories").iterdir()) == [
+        "steps-000001-000002.parquet", "steps-000003-000003.parquet"]
+    _check_trajectories(run_dir, steps, versions=[0, 0, 1])
 
 
 def test_async_rollouts_start_no_step_past_the_time_limit(tiny_model_dir, ray_cluster, tmp_path):
@@ -91,7 +123,7 @@ def test_async_rollouts_start_no_step_past_the_time_limit(tiny_model_dir, ray_cl
 
     from agentrl.runtime.driver import Trainer, load_task_sources
 
-    cfg = _config(tiny_model_dir, tmp_path, "train.async_rollouts=true", "train.steps=5")
+    cfg = _config(tiny_model_dir, tmp_path, "train.async_rollouts=true", "train.steps=5", "telemetry.trajectories_every=0")
     trainer = Trainer(cfg, tmp_path, load_task_sources(cfg))
     rollouts = trainer.scheduler
     try:
@@ -111,6 +143,7 @@ def test_async_rollouts_start_no_step_past_the_time_limit(tiny_model_dir, ray_cl
         assert probe.policy_version == trainer.version == 4
     finally:
         trainer.shutdown()
+    assert not (tmp_path / "trajectories").exists()  # telemetry.trajectories_every=0: no writer
 
 
 def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_cluster, tmp_path):
@@ -205,7 +238,7 @@ def test_every_estimator_trains_on_real_rollouts(tiny_model_dir, ray_cluster, tm
     ray.get(worker.shutdown.remote())
     assert {"process", "summary", "omission", "process/format"} <= set(summaries[0].rewards)
 
-    groups = ray.get(refs)
+    groups = ray.get([r.ref for r in refs])
     for g in groups:
         for k, e in enumerate(g.episodes):
             e.turn_passed = [bool(k % 2)] + [False] * (len(e.turn_passed) - 1)

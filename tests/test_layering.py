@@ -72,6 +72,16 @@ def _package(mod: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
+def test_the_order_is_the_readme_module_table():
+    """The README's module table lists the packages in this order (lower layers first)."""
+    import re
+
+    readme = (PKG.parent / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("**Module layout.**"):readme.index("## Algorithms")]
+    rows = [re.sub(r"\.py$", "", name) for name in re.findall(r"^\| `([a-z_.]+)` \|", table, flags=re.M)]
+    assert rows == [m for m in ORDER if m != "__main__"]
+
+
 def test_every_package_has_a_layer():
     packages = {_package(m) for m in GRAPH} - {"__init__"}
     assert packages <= set(ORDER), f"packages missing from ORDER: {sorted(packages - set(ORDER))}"

@@ -1,7 +1,7 @@
 """The built-in advantage estimators (docs/design.md §4), registered by name (``algos.registry``).
 
 Each class is one ``algo.advantage`` value: its class attributes are its row in the name table
-the config validates against, and its ``compute`` maps the episode dicts of ONE group onto the
+the config validates against, and its ``compute`` maps the ``Episode`` records of ONE group onto the
 pure tensor functions of ``agentrl.algos`` (formulas in their docstrings), returning one
 per-token tensor per episode and whether the group carries a signal. ``runtime.batching``
 applies KL in the reward, flattens the groups into the learner's batch and keeps the statistics.
@@ -21,10 +21,12 @@ from agentrl.rewards.scoring import step_rewards
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from agentrl.api import Episode
+
 
 # ------------------------------------------------------------------ helpers (also for plugins)
 
-def episode_rewards(episodes: list[dict], algo: Any, kl_penalty: list[float] | None = None) -> Tensor:
+def episode_rewards(episodes: list[Episode], algo: Any, kl_penalty: list[float] | None = None) -> Tensor:
     """r_i = rewards[algo.reward] of episode i, less its KL charge when given: float32 [G]."""
     import torch
 
@@ -212,6 +214,7 @@ class SLCA(Estimator):
     name = "slca"
     description = "segment-locked: z-scored R_tool on tool-call tokens, z-scored R_sum on summary tokens (SLCA-GRPO)"
     needs_summary_reward = True
+    reads_process_reward = True
     allows_kl_in_reward = False
 
     def compute(self, episodes, algo, kl_penalty=None):

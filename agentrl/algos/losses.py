@@ -128,14 +128,33 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tens
     raise ValueError(f"unknown KL estimator {kind!r}; known: k1, k2, k3")
 
 
-def truncated_is_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: float) -> Tensor:
+def truncated_is_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: float | Tensor) -> Tensor:
     """w_t = min(pi_old / pi_rollout, cap) = min(exp(old - rollout), cap), detached.
 
     Corrects for the gap between the inference engine's sampling distribution (vLLM kernels,
-    possibly a stale policy version) and the learner's pi_old; the cap bounds the variance
-    (truncated IS, as in TIS / IMPALA)."""
+    possibly a stale policy version, or RSPO's explorer) and the learner's pi_old; the cap bounds
+    the variance (truncated IS, as in TIS / IMPALA). ``cap`` may be a tensor broadcast against
+    the logprobs (a cap per row: ``explorer_caps``)."""
     with torch.no_grad():
-        return torch.exp(old_logprobs - rollout_logprobs).clamp(max=cap)
+        w = torch.exp((old_logprobs - rollout_logprobs).clamp(max=_LOG_RATIO_CLAMP))
+        return torch.minimum(w, torch.as_tensor(cap, dtype=w.dtype, device=w.device))
+
+
+def explorer_caps(explorer_rows: Tensor, tis_cap: float, explorer_is_cap: float) -> Tensor:
+    """[B, 1] IS caps: ``explorer_is_cap`` on rows RSPO's explorer sampled (w_t = min(pi_A / pi_B,
+    C_B)), ``tis_cap`` on the policy's own rows."""
+    rows = explorer_rows.bool().unsqueeze(1)
+    return torch.where(rows, torch.tensor(explorer_is_cap), torch.tensor(tis_cap)).to(torch.float32)
+
+
+def is_weight_sums(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cap: float) -> dict[str, float]:
+    """Over ``mask``: the sum of truncated IS weights min(exp(old - rollout), cap), how many were
+    truncated, and the token count (summed over micro-batches for means of RSPO's explorer tokens)."""
+    with torch.no_grad():
+        m = mask.bool()
+        raw = torch.exp((old_logprobs - rollout_logprobs).clamp(max=_LOG_RATIO_CLAMP))
+        return {"weight_sum": float(raw.clamp(max=cap)[m].sum()), "clipped": float((raw > cap)[m].sum()),
+                "tokens": float(m.sum())}
 
 
 def rollout_stats(
@@ -179,6 +198,7 @@ class PolicyLossConfig:
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
     loss_agg: str = "token_mean"
+    explorer_is_cap: float | None = None  # rspo.is_cap: the cap of rows RSPO's explorer sampled
 
     def __post_init__(self) -> None:
         if self.loss_agg not in LOSS_AGGREGATIONS:
@@ -187,7 +207,7 @@ class PolicyLossConfig:
     @classmethod
     def from_algo(cls, algo_cfg: Any) -> PolicyLossConfig:
         """The same-named attributes of an ``AlgoConfig`` (or any object carrying them)."""
-        return cls(**{f.name: getattr(algo_cfg, f.name) for f in fields(cls)})
+        return cls(**{f.name: getattr(algo_cfg, f.name) for f in fields(cls) if hasattr(algo_cfg, f.name)})
 
 
 def policy_loss(
@@ -202,6 +222,7 @@ def policy_loss(
     entropy: Tensor | None = None,
     n_tokens_global: float | Tensor | None = None,
     n_sequences_global: int | None = None,
+    explorer_rows: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The learner's whole policy loss for one micro-batch (docs/design.md §4, "The policy loss").
 
@@ -212,7 +233,8 @@ def policy_loss(
         rho_t = exp(logprobs_t - old_logprobs_t)
         l_t   = -min(rho_t A_t, clip(rho_t, 1 - clip_low, 1 + clip_high) A_t)
                 dual clip (cfg.dual_clip = c > 1): for A_t < 0, l_t = min(l_t, -c A_t)
-        w_t   = min(exp(old_logprobs_t - rollout_logprobs_t), tis_cap)   (1 without rollout_logprobs)
+        w_t   = min(exp(old_logprobs_t - rollout_logprobs_t), C)   (1 without rollout_logprobs)
+                C = tis_cap; on ``explorer_rows`` (RSPO) C = cfg.explorer_is_cap, so w_t = min(pi_A / pi_B, C)
         L     = sum_t m_t g_t w_t l_t / N                                   ("pg_loss", ``ppo_clip_loss``)
               + kl_coef * sum_t m_t g_t KL_t / N                            ("kl", only with ref_logprobs)
               - entropy_coef * sum_t m_t g_t H_t / N                        ("entropy_bonus", only if entropy_coef > 0)
@@ -237,7 +259,10 @@ def policy_loss(
         n_tok = int(mask.bool().sum()) if n_tokens_global is None else n_tokens_global
         n_seq = int((mask.bool().sum(dim=1) > 0).sum()) if n_sequences_global is None else n_sequences_global
         weights = sequence_mean_weights(mask, n_seq, n_tok)
-    is_w = truncated_is_weights(old_logprobs, rollout_logprobs, cfg.tis_cap) if rollout_logprobs is not None else None
+    cap: float | Tensor = cfg.tis_cap
+    if explorer_rows is not None and cfg.explorer_is_cap is not None:
+        cap = explorer_caps(explorer_rows, cfg.tis_cap, cfg.explorer_is_cap).to(old_logprobs.device)
+    is_w = truncated_is_weights(old_logprobs, rollout_logprobs, cap) if rollout_logprobs is not None else None
     pg, stats = ppo_clip_loss(
         logprobs, old_logprobs, advantages * weights, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
         dual_clip=cfg.dual_clip, is_weights=is_w, n_tokens_global=n_tokens_global,

@@ -24,16 +24,18 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from agentrl.algos.critic import gae, whiten
-from agentrl.algos.losses import PolicyLossConfig, policy_loss, rollout_stats
+from agentrl.algos.losses import PolicyLossConfig, is_weight_sums, policy_loss, rollout_stats
 from agentrl.algos.registry import estimator_for
 from agentrl.api import MicroBatch, TrainBatch
 from agentrl.engines.deepspeed_setup import build_ds_config, reset_prestepped_optimizer_state, setup_single_process_env
+from agentrl.engines.explorer import Explorer
 from agentrl.engines.hf_policy import pad_batch, token_logprobs
 from agentrl.engines.micro_batch import pad_micro_batch
 from agentrl.weight_sync.object_store import weights_to_blob
@@ -74,6 +76,7 @@ class _StepMetrics:
         self.n_tokens, self.n_sequences, self.loss_agg = n_tokens, n_sequences, loss_agg
         self.sums = dict.fromkeys(self._LOSS_TERMS, 0.0)
         self.pi_old = dict.fromkeys(self._PI_OLD, 0.0)
+        self.explorer = {"weight_sum": 0.0, "clipped": 0.0, "tokens": 0.0}  # RSPO: IS weights on B's tokens
         self.grad_norms: list[float] = []
 
     def add_loss(self, loss: Tensor, stats: dict[str, Tensor], n_micro: int, n_mini: int, seqs_mini: int) -> None:
@@ -92,8 +95,17 @@ class _StepMetrics:
         for key, value in stats.items():
             self.pi_old[key] += float(value)
 
+    def add_explorer(self, sums: dict[str, float]) -> None:
+        """One micro-batch's ``is_weight_sums`` over the explorer's tokens."""
+        for key, value in sums.items():
+            self.explorer[key] += value
+
     def result(self, epochs: int, with_rollout: bool, extra: dict[str, float], **fields: float) -> dict[str, float]:
         out = {k: v / float(epochs) for k, v in self.sums.items()}
+        if self.explorer["tokens"]:
+            n = self.explorer["tokens"]
+            out.update({"rspo/is_weight_mean": self.explorer["weight_sum"] / n,
+                        "rspo/is_clip_frac": self.explorer["clipped"] / n, "rspo/explorer_tokens_trained": n})
         out.update(self.pi_old)
         out.update(extra)
         if not with_rollout:
@@ -110,10 +122,12 @@ class DeepSpeedLearner:
     """
 
     def __init__(self, model_path: str, learner_cfg: Any, algo_cfg: Any, dtype: str = "float32", seed: int = 0,
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, rspo_cfg: Any = None):
         """``temperature``: the rollouts' sampling temperature. The policy, the reference and the
         PPO ratio are all scored under softmax(logits / temperature), the distribution the
-        episodes were drawn from (as verl does); greedy decoding is unchanged by it."""
+        episodes were drawn from (as verl does); greedy decoding is unchanged by it. ``rspo_cfg``
+        (an enabled ``RspoConfig``): build RSPO's explorer (``engines/explorer.py``) and cap the IS
+        weights of its rows at ``rspo.is_cap``."""
         setup_single_process_env()
         import logging
 
@@ -126,6 +140,8 @@ class DeepSpeedLearner:
 
         self.learner_cfg, self.algo_cfg, self.dtype = learner_cfg, algo_cfg, dtype
         self.loss_cfg = PolicyLossConfig.from_algo(algo_cfg)
+        if rspo_cfg is not None:
+            self.loss_cfg = replace(self.loss_cfg, explorer_is_cap=rspo_cfg.is_cap)
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
         self.temperature = temperature
@@ -160,6 +176,10 @@ class DeepSpeedLearner:
                 raise ValueError(f"algo.advantage={algo_cfg.advantage} needs algo.critic")
             self.critic = DeepSpeedCritic(algo_cfg.critic.path or model_path, algo_cfg.critic,
                                           build_ds_config(learner_cfg, dtype), seed=seed)
+        self.explorer: Explorer | None = None
+        if rspo_cfg is not None:
+            self.explorer = Explorer(rspo_cfg.explorer_lr or learner_cfg.lr, rspo_cfg.explorer_steps, rspo_cfg.grad_clip,
+                                     learner_cfg.micro_batch_size, temperature, self.loss_cfg, self.tied_embeddings)
         self.init_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ helpers
@@ -290,6 +310,10 @@ class DeepSpeedLearner:
                 metrics.add_pi_old(rollout_stats(m.old_logprobs, m.response_mask, rollout_logprobs=m.rollout_logprobs,
                                                  entropy=m.old_entropy, tis_cap=self.loss_cfg.tis_cap,
                                                  n_tokens_global=metrics.n_tokens))
+                if m.explorer_rows is not None and m.rollout_logprobs is not None:  # RSPO: pi_A / pi_B on B's tokens
+                    metrics.add_explorer(is_weight_sums(m.old_logprobs, m.rollout_logprobs,
+                                                        m.response_mask & m.explorer_rows.unsqueeze(1),
+                                                        self.loss_cfg.explorer_is_cap or self.loss_cfg.tis_cap))
         metrics.grad_norms.append(self._optimizer_step())
 
     def _micro_batch_loss(self, m: MicroBatch, n_mini: int, seqs_mini: int) -> tuple[Tensor, dict[str, Tensor]]:
@@ -301,6 +325,7 @@ class DeepSpeedLearner:
         return policy_loss(
             lp, m.old_logprobs, m.advantages, m.response_mask, self.loss_cfg, rollout_logprobs=m.rollout_logprobs,
             ref_logprobs=m.ref_logprobs, entropy=ent, n_tokens_global=n_mini, n_sequences_global=seqs_mini,
+            explorer_rows=m.explorer_rows,
         )
 
     def _optimizer_step(self) -> float:
@@ -386,6 +411,23 @@ class DeepSpeedLearner:
     def weights_blob(self) -> bytes:
         """``state_dict_for_inference`` as the object-store sync's safetensors blob."""
         return weights_to_blob(self.state_dict_for_inference())
+
+    def derive_explorer(self, batch: TrainBatch) -> dict[str, float]:
+        """RSPO: re-derive the explorer B from the current policy A on ``batch`` (process-reward
+        advantages of A's episodes, ``algos.rspo.explorer_batch``); A is not touched."""
+        if self.explorer is None:
+            raise ValueError("this learner has no explorer (rspo is not enabled)")
+        return self.explorer.derive(self.hf_model, batch, self.pad_id, self.device)
+
+    def explorer_logprobs(self, input_ids: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Token logprobs under the explorer (None derived yet: raises)."""
+        if self.explorer is None or self.explorer.model is None:
+            raise ValueError("no explorer has been derived")
+        return self.explorer.logprobs([list(s) for s in input_ids], self.pad_id, self.device)
+
+    def explorer_weights_blob(self) -> bytes:
+        """The explorer's weights as the object-store sync's safetensors blob."""
+        return weights_to_blob(self.explorer.state_dict_for_inference())
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> None:
         """HF folder (config + safetensors weights) of the current policy; the caller copies the

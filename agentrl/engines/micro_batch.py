@@ -27,7 +27,10 @@ def pad_micro_batch(batch: TrainBatch, rows: Sequence[int], pad_id: int,
     ids, attn, resp, adv, *roll = pad_batch(
         [batch.input_ids[i] for i in rows], pad_id, *[[col[i] for i in rows] for col in columns], device=device
     )
-    return MicroBatch(ids, attn, (resp > 0) & (attn > 0), adv, roll[0] if roll else None)
+    explorer = None
+    if batch.explorer is not None:
+        explorer = torch.tensor([bool(batch.explorer[i]) for i in rows], dtype=torch.bool, device=ids.device)
+    return MicroBatch(ids, attn, (resp > 0) & (attn > 0), adv, roll[0] if roll else None, explorer_rows=explorer)
 
 
 __all__ = ["MicroBatch", "pad_micro_batch"]

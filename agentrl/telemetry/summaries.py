@@ -67,7 +67,8 @@ def step_metrics(summaries: list[GroupSummary], timings: Mapping[str, float], le
     # HierR components, summary reward, omission rate: means over groups (groups are equal-sized)
     for key in (summaries[0].rewards if summaries else {}):
         m[f"reward/{key}"] = sum(s.rewards[key] for s in summaries) / len(summaries)
-    m.update({f"learner/{k}": float(v) for k, v in learn.items()})
+    # the learner's metrics under learner/, except RSPO's (rspo/*: both policies' episodes, the explorer)
+    m.update({k if k.startswith("rspo/") else f"learner/{k}": float(v) for k, v in learn.items()})
     return m
 
 

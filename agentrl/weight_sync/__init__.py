@@ -14,13 +14,15 @@ NCCL helpers) and above nothing of ours: the sync objects take Ray actor handles
 from __future__ import annotations
 
 
-def make_weight_sync(kind: str, learner, workers: list):
+def make_weight_sync(kind: str, learner, workers: list, explorers: list | None = None):
     """The sync object for ``runtime.weight_sync``: ``sync(version)`` loads the learner's current
-    weights into every rollout worker."""
+    weights into every rollout worker (and RSPO's explorer into its ``explorers``)."""
     if kind == "object_store":
         from agentrl.weight_sync.object_store import ObjectStoreWeightSync
 
-        return ObjectStoreWeightSync(learner, workers)
+        return ObjectStoreWeightSync(learner, workers, explorers)
+    if explorers:
+        raise ValueError(f"runtime.weight_sync={kind} cannot serve RSPO's explorer; use object_store")
     if kind == "nccl":
         from agentrl.weight_sync.nccl import NcclWeightSync
 

@@ -27,12 +27,20 @@ def blob_to_state_dict(blob: bytes) -> dict[str, Tensor]:
 
 
 class ObjectStoreWeightSync:
+    """``sync(version)``: the learner's weights into every policy worker and, with RSPO, the
+    explorer's (when re-derived since the last sync) into every explorer worker."""
+
     name = "object_store"
 
-    def __init__(self, learner, workers: list):
-        self.learner, self.workers = learner, workers
+    def __init__(self, learner, workers: list, explorers: list | None = None):
+        self.learner, self.workers, self.explorers = learner, workers, explorers or []
 
     def sync(self, version: int) -> None:
         box = ray.get(self.learner.publish_weights.remote())
         # A top-level ObjectRef argument is resolved by Ray: each worker receives the bytes.
-        ray.get([w.load_weights.remote(box[0], version) for w in self.workers])
+        loads = [w.load_weights.remote(box[0], version) for w in self.workers]
+        if self.explorers:
+            explorer_box = ray.get(self.learner.publish_explorer_weights.remote())
+            if explorer_box is not None:  # the explorer derived from this version
+                loads += [w.load_weights.remote(explorer_box[0], version) for w in self.explorers]
+        ray.get(loads)

@@ -1,0 +1,113 @@
+"""RSPO's explorer B: a copy of the policy A, moved by a few optimizer steps on the process reward.
+
+Lives in the learner actor next to A's DeepSpeed engine and never touches it: B is a plain torch
+module with its own AdamW, created fresh for every derivation, so A's weights, optimizer state
+and LR schedule are exactly what they would be without RSPO. Each derivation
+
+    B <- A (weights copied);  then ``steps`` times:  B <- AdamW step on policy_loss(B; A^B)
+
+where A^B are the process-reward advantages of ``algos.rspo.explorer_batch`` (A's episodes of
+this step), pi_old is B before its first step (= A), and the truncated IS weights use the
+episodes' behaviour logprobs, as in A's own update. It reports KL(A || B) on A's tokens after
+the steps (k3 estimator), the size of the exploration B adds.
+
+Plain torch rather than DeepSpeed: one small extra model on the learner's device, and B's update
+needs none of ZeRO's partitioning (``rspo`` refuses ``learner.zero_stage=3``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from agentrl.algos.losses import PolicyLossConfig, aggregate_tokens, kl_penalty, policy_loss
+from agentrl.api import TrainBatch
+from agentrl.engines.hf_policy import pad_batch, token_logprobs
+from agentrl.engines.micro_batch import pad_micro_batch
+
+
+class Explorer:
+    """B's model and its derivation from A. ``state_dict_for_inference`` gives B's weights in the
+    same form as the learner's (tied ``lm_head`` dropped), for the explorer's rollout engines."""
+
+    def __init__(self, lr: float, steps: int, grad_clip: float, micro_batch_size: int, temperature: float,
+                 loss_cfg: PolicyLossConfig, tied_embeddings: bool):
+        self.lr, self.steps, self.grad_clip = lr, steps, grad_clip
+        self.micro_batch_size, self.temperature = micro_batch_size, temperature
+        self.loss_cfg, self.tied_embeddings = loss_cfg, tied_embeddings
+        self.model: nn.Module | None = None
+        self.derivations = 0
+
+    def derive(self, policy: nn.Module, batch: TrainBatch, pad_id: int, device) -> dict[str, float]:
+        """B := ``policy`` (A) plus ``steps`` AdamW steps on ``batch``; returns ``rspo/*`` metrics."""
+        t0 = time.perf_counter()
+        self._copy_from(policy)
+        order = sorted(range(len(batch)), key=lambda i: len(batch.input_ids[i]))
+        micro = [pad_micro_batch(batch, order[i : i + self.micro_batch_size], pad_id, device)
+                 for i in range(0, len(order), self.micro_batch_size)]
+        n_tok = sum(m.n_tokens for m in micro)
+        if n_tok == 0:
+            return {"rspo/explorer_tokens": 0.0}
+        if self.steps > 1:  # pi_old of the derivation = B before its first step = A, needed up front
+            with torch.no_grad():
+                for m in micro:
+                    m.old_logprobs = token_logprobs(self.model, m.input_ids, m.attention_mask, temperature=self.temperature)
+        opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.0)
+        losses = []
+        for _ in range(self.steps):
+            total = 0.0
+            for m in micro:
+                lp = token_logprobs(self.model, m.input_ids, m.attention_mask, temperature=self.temperature)
+                if m.old_logprobs is None:  # one step: pi_old is this very forward (B = A)
+                    m.old_logprobs = lp.detach()
+                loss, _ = policy_loss(lp, m.old_logprobs, m.advantages, m.response_mask, self.loss_cfg,
+                                      rollout_logprobs=m.rollout_logprobs, n_tokens_global=n_tok)
+                loss.backward()
+                total += float(loss.detach())
+            if self.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(total)
+        self.derivations += 1
+        return {"rspo/kl_policy_explorer": self._kl_from_policy(micro, n_tok), "rspo/explorer_loss": losses[-1],
+                "rspo/explorer_tokens": float(n_tok), "rspo/derive_seconds": time.perf_counter() - t0}
+
+    def _copy_from(self, policy: nn.Module) -> None:
+        """B's weights := A's. B is built from A's config, not deep-copied: A's parameters carry
+        DeepSpeed's hooks, which a copy must not inherit."""
+        if self.model is None:
+            from transformers import AutoModelForCausalLM
+
+            device = next(policy.parameters()).device
+            self.model = AutoModelForCausalLM.from_config(policy.config).to(device=device, dtype=torch.float32).eval()
+        self.model.load_state_dict({k: v.float() for k, v in policy.state_dict().items()})
+        self.model.requires_grad_(True)
+
+    @torch.no_grad()
+    def _kl_from_policy(self, micro, n_tok: int) -> float:
+        """KL(A || B) per policy token, k3 estimate on the batch's tokens with A's logprobs
+        (``old_logprobs``) as the sampling side."""
+        total = 0.0
+        for m in micro:
+            lp_b = token_logprobs(self.model, m.input_ids, m.attention_mask, temperature=self.temperature)
+            total += float(aggregate_tokens(kl_penalty(m.old_logprobs, lp_b, "k3"), m.response_mask, n_tok))
+        return total
+
+    @torch.no_grad()
+    def logprobs(self, input_ids: list[list[int]], pad_id: int, device) -> list[list[float]]:
+        """B's token logprobs (``hf_policy.token_logprobs`` alignment), one list per sequence."""
+        out = []
+        for seq in input_ids:
+            ids, attn = pad_batch([seq], pad_id, device=device)
+            out.append(token_logprobs(self.model, ids, attn, temperature=self.temperature)[0].float().cpu().tolist())
+        return out
+
+    @torch.no_grad()
+    def state_dict_for_inference(self) -> dict[str, torch.Tensor]:
+        sd = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()}
+        if self.tied_embeddings:
+            sd.pop("lm_head.weight", None)
+        return sd

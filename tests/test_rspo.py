@@ -1,0 +1,206 @@
+"""RSPO without Ray: mixed groups, the reward swap, the explorer's batch and IS caps, the explorer's
+derivation on a real model, and the config rules (hand-computed cases)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentrl.algos.losses import PolicyLossConfig, explorer_caps, policy_loss
+from agentrl.algos.rspo import explorer_batch, merge_mixed_groups, policy_rewards, success_shares
+from agentrl.api import EXPLORER, POLICY, Episode, EpisodeGroup
+from agentrl.config import ConfigError, load_config
+from agentrl.runtime.batching import build_batch
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _episode(outcome: float, process: float, policy: str = POLICY, progress: float | None = None) -> Episode:
+    """6 tokens: prompt [0, 2), a tool step [2, 4), an observation at 4, a summary token at 5."""
+    return Episode("t", [1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 0, 1], [0.0, 0.0, -0.5, -0.5, 0.0, -0.5], [0, 0, 1, 1, 0, 2], 2,
+                   [outcome == 1.0], 1, rewards={"outcome": outcome, "progress": outcome if progress is None else progress,
+                                                 "process": process, "summary": outcome}, policy=policy,
+                   step_spans=[[2, 4], [5, 6]], step_turns=[0, 0], step_states=["s0", "s1"])
+
+
+def _mixed(process=(0.9, 0.1, 0.5, 0.7)) -> list[EpisodeGroup]:
+    """One task: the policy's part (3 episodes, outcome 1, 0, 0) and the explorer's (1, outcome 1)."""
+    a = EpisodeGroup("t", "t@v0#0", 0, [_episode(1.0, process[0]), _episode(0.0, process[1]), _episode(0.0, process[2])],
+                     mix_key="0/0")
+    b = EpisodeGroup("t", "t@v0#1/explorer", 0, [_episode(1.0, process[3], EXPLORER)], policy=EXPLORER, mix_key="0/0")
+    return [b, a]  # arrival order does not matter
+
+
+def _algo(*overrides: str):
+    return load_config(None, ["algo.reward=outcome", *overrides]).algo
+
+
+def test_merge_puts_both_parts_of_a_task_in_one_group_policy_first():
+    merged = merge_mixed_groups(_mixed() + [EpisodeGroup("u", "u@v0#0", 0, [_episode(0.0, 0.2)], mix_key="0/1")])
+    assert [len(g.episodes) for g in merged] == [4, 1]
+    assert [e.policy for e in merged[0].episodes] == [POLICY, POLICY, POLICY, EXPLORER]
+    assert merged[0].group_id == "t@v0#0" and merged[0].policy == POLICY
+    other = EpisodeGroup("v", "v@v0#0", 0, [_episode(0.0, 0.2)], mix_key="0/0")
+    with pytest.raises(ValueError, match="different tasks"):
+        merge_mixed_groups(_mixed() + [other])
+
+
+def test_mixed_group_advantages_with_swapped_rewards_by_hand():
+    """GRPO over the union on the outcome: r = (1, 0, 0, 1), mean 1/2, unbiased std sqrt(1/3):
+    A = +-(1/2) / sqrt(1/3) = +-0.8660 on every policy token, the explorer's row flagged."""
+    groups = policy_rewards(merge_mixed_groups(_mixed()), "outcome", "process", swap=True)
+    batch, stats = build_batch(groups, _algo())
+    a = math.sqrt(3) / 2
+    expected = [[0, 0, s, s, 0, s] for s in (a, -a, -a, a)]
+    assert [[round(x, 4) for x in row] for row in batch.advantages] == [[round(x, 4) for x in r] for r in expected]
+    assert batch.explorer == [False, False, False, True] and stats["groups_with_signal"] == 1.0
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "rloo", "slca", "gigpo"])
+def test_the_process_reward_never_reaches_the_policy_update(advantage):
+    """Same episodes, different process rewards: identical batch (so identical gradient), for
+    an estimator that reads the process score (slca) too; the ablation (swap false) differs."""
+    algo = _algo(f"algo.advantage={advantage}")
+    one = build_batch(policy_rewards(merge_mixed_groups(_mixed((0.9, 0.1, 0.5, 0.7))), "outcome", "process", True), algo)[0]
+    two = build_batch(policy_rewards(merge_mixed_groups(_mixed((0.0, 1.0, 0.2, 0.3))), "outcome", "process", True), algo)[0]
+    assert one == two
+    if advantage in ("grpo", "rloo"):  # swap=false is refused for estimators that read per-turn verdicts
+        ab1 = build_batch(policy_rewards(merge_mixed_groups(_mixed((0.9, 0.1, 0.5, 0.7))), "outcome", "process", False), algo)[0]
+        ab2 = build_batch(policy_rewards(merge_mixed_groups(_mixed((0.0, 1.0, 0.2, 0.3))), "outcome", "process", False), algo)[0]
+        assert ab1 != ab2
+
+
+def test_policy_gradient_identical_under_changed_process_rewards(tiny_model_dir):
+    """The gradient of the real policy loss on the tiny model, from the batches of two process
+    rewards: equal with the swap, different without it."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.engines.hf_policy import token_logprobs
+    from agentrl.engines.micro_batch import pad_micro_batch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+    def grad(process, swap):
+        batch = build_batch(policy_rewards(merge_mixed_groups(_mixed(process)), "outcome", "process", swap), _algo())[0]
+        m = pad_micro_batch(batch, list(range(len(batch))), 0)
+        model.zero_grad()
+        lp = token_logprobs(model, m.input_ids, m.attention_mask)
+        loss, _ = policy_loss(lp, lp.detach(), m.advantages, m.response_mask, PolicyLossConfig(explorer_is_cap=1.5),
+                              rollout_logprobs=m.rollout_logprobs, explorer_rows=m.explorer_rows)
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    first = grad((0.9, 0.1, 0.5, 0.7), swap=True)
+    assert first.abs().sum() > 0
+    assert torch.equal(first, grad((0.0, 1.0, 0.2, 0.3), swap=True))
+    assert not torch.equal(grad((0.9, 0.1, 0.5, 0.7), swap=False), grad((0.0, 1.0, 0.2, 0.3), swap=False))
+
+
+def test_is_cap_of_the_explorer_applies_to_its_rows_only():
+    """pi_old / pi_rollout = e^1 on every token; advantages 1 and pi = pi_old, so each token's loss
+    is -w_t: min(e, tis_cap = 2) on the policy's row, min(e, rspo.is_cap = 1.5) on the explorer's."""
+    lp = torch.zeros(2, 3)
+    rollout = torch.full((2, 3), -1.0)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    rows = torch.tensor([False, True])
+    cfg = PolicyLossConfig(tis_cap=2.0, explorer_is_cap=1.5)
+    for r, w in ((0, 2.0), (1, 1.5)):
+        row_mask = mask.clone()
+        row_mask[1 - r] = False
+        loss, _ = policy_loss(lp, lp, torch.ones(2, 3), row_mask, cfg, rollout_logprobs=rollout, explorer_rows=rows)
+        assert float(loss) == pytest.approx(-w)
+    assert explorer_caps(rows, 2.0, 1.5).tolist() == [[2.0], [1.5]]
+    # no explorer rows: tis_cap everywhere
+    loss, _ = policy_loss(lp, lp, torch.ones(2, 3), mask, cfg, rollout_logprobs=rollout)
+    assert float(loss) == pytest.approx(-2.0)
+
+
+def test_explorer_batch_is_grpo_of_the_process_reward_over_the_policy_episodes():
+    """Process (0.9, 0.1, 0.5) over the policy's three episodes: mean 0.5, std 0.4 -> A = 1, -1, 0;
+    the explorer's episode is not in it."""
+    batch = explorer_batch(merge_mixed_groups(_mixed()), "process")
+    assert len(batch) == 3 and batch.explorer is None
+    assert [round(row[2], 4) for row in batch.advantages] == [1.0, -1.0, 0.0]
+    assert all(row[0] == row[1] == row[4] == 0 for row in batch.advantages)
+    lone = [EpisodeGroup("t", "g", 0, [_episode(1.0, 0.2)])]
+    assert explorer_batch(lone, "process") is None  # no baseline with one episode
+
+
+def test_success_shares():
+    m = success_shares(merge_mixed_groups(_mixed()))
+    assert m["rspo/policy_success"] == pytest.approx(1 / 3) and m["rspo/explorer_success"] == 1.0
+    assert m["rspo/explorer_success_share"] == pytest.approx(0.5)
+    assert m["rspo/policy_process"] == pytest.approx(0.5) and m["rspo/explorer_process"] == pytest.approx(0.7)
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    (["rollout.group_size=2"], "at least 2"),
+    (["algo.reward=progress", "rspo.process_reward=progress"], "also algo.reward"),
+    (["rspo.swap=false", "algo.advantage=gigpo"], "per-turn verdicts"),
+    (["train.async_rollouts=true", "buffer.max_staleness=1"], "async_rollouts"),
+    (["learner.zero_stage=3"], "zero_stage"),
+])
+def test_config_refuses_undefined_combinations(overrides, says):
+    with pytest.raises(ConfigError, match=says):
+        load_config(None, ["rspo.enabled=true", "algo.reward=outcome", *overrides])
+    cfg = load_config(None, ["rspo.enabled=true", "algo.reward=outcome", "rollout.group_size=8"])
+    assert cfg.rspo.explorer_fraction == 0.25 and cfg.rspo.swap
+
+
+def test_derivation_moves_the_explorer_and_leaves_the_policy(tiny_model_dir):
+    """The explorer starts as A and moves on a batch with a signal; A's weights are untouched; a
+    batch without a signal leaves B = A (AdamW without weight decay and zero gradients)."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.engines.explorer import Explorer
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    explorer = Explorer(lr=1e-2, steps=2, grad_clip=1.0, micro_batch_size=2, temperature=1.0,
+                        loss_cfg=PolicyLossConfig(kl_coef=0.0), tied_embeddings=False)
+    groups = merge_mixed_groups(_mixed())
+    m = explorer.derive(policy, explorer_batch(groups, "process"), pad_id=0, device="cpu")
+    assert m["rspo/kl_policy_explorer"] > 0 and m["rspo/explorer_tokens"] == 9
+    assert all(torch.equal(v, policy.state_dict()[k]) for k, v in before.items())
+    assert any(not torch.equal(v, before[k]) for k, v in explorer.state_dict_for_inference().items())
+    flat = merge_mixed_groups(_mixed((0.5, 0.5, 0.5, 0.5)))
+    m = explorer.derive(policy, explorer_batch(flat, "process"), pad_id=0, device="cpu")
+    assert m["rspo/kl_policy_explorer"] == pytest.approx(0.0, abs=1e-9)
+    assert all(torch.equal(v, before[k]) for k, v in explorer.state_dict_for_inference().items())
+
+
+def test_the_learner_derives_the_explorer_without_touching_the_policy(tiny_model_dir):
+    """On the DeepSpeed learner: A's update weighs B's rows with rspo.is_cap (reported as
+    rspo/is_weight_mean); the derivation afterwards leaves A's weights, Adam state and LR
+    schedule exactly as they were."""
+    from agentrl.config.schema import LearnerConfig, RspoConfig
+    from agentrl.engines.deepspeed_learner import DeepSpeedLearner
+
+    rspo = RspoConfig(enabled=True, explorer_lr=1e-2, is_cap=1.5)
+    learner = DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=1, lr=1e-3, micro_batch_size=2),
+                               _algo("algo.kl_coef=0.0"), "float32", seed=0, rspo_cfg=rspo)
+    try:
+        groups = policy_rewards(merge_mixed_groups(_mixed()), "outcome", "process", swap=True)
+        m = learner.train_step(build_batch(groups, _algo())[0])
+        assert 0 < m["rspo/is_weight_mean"] <= 1.5 and m["rspo/explorer_tokens_trained"] == 3
+        params = {k: v.detach().clone() for k, v in learner.hf_model.state_dict().items()}
+        state = learner.engine.basic_optimizer.state  # torch AdamW's own state (ZeRO keeps it per partition)
+        adam = {id(p): {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()} for p, st in state.items()}
+        assert adam
+        lr = learner.engine.get_lr()
+        d = learner.derive_explorer(explorer_batch(groups, "process"))
+        assert d["rspo/kl_policy_explorer"] > 0
+        assert all(torch.equal(v, learner.hf_model.state_dict()[k]) for k, v in params.items())
+        after = {id(p): st for p, st in learner.engine.basic_optimizer.state.items()}
+        assert after.keys() == adam.keys()
+        assert all(torch.equal(after[i][k], v) if torch.is_tensor(v) else after[i][k] == v
+                   for i, s in adam.items() for k, v in s.items())
+        assert learner.engine.get_lr() == lr
+        lp_b = learner.explorer_logprobs([groups[0].episodes[0].token_ids])[0]
+        lp_a = learner.compute_logprobs([groups[0].episodes[0].token_ids])[0]
+        assert max(abs(a - b) for a, b in zip(lp_a[2:], lp_b[2:])) > 1e-4  # B moved away from A
+        assert len(learner.explorer_weights_blob()) > 0
+    finally:
+        learner.close()

