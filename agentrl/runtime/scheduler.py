@@ -19,6 +19,10 @@ Two modes (``train.async_rollouts``):
 Before an evaluation or the end of a run, ``sync`` brings the engines to the learner's latest
 weights; rollouts in flight are waited for first, and kept for their step unless
 ``discard_in_flight`` (no step will use them).
+
+A checkpoint keeps what ``pending`` returns (the in-flight rollouts' results, the version due)
+and a resumed run hands it back to ``restore``, so async mode resumes one step off-policy exactly
+where it stopped.
 """
 
 from __future__ import annotations
@@ -86,6 +90,21 @@ class RolloutScheduler:
         if self._due is not None:
             self._load_weights(self._due)
             self._due = None
+
+    # ---- checkpoints (runtime/checkpoint.py)
+    def pending(self) -> tuple[list, int | None]:
+        """(results of the rollout calls in flight, waited for but left for their step; the
+        version due to load, or None): what a checkpoint must keep of the scheduler. Async mode
+        only has either: step k+1's rollouts on the weights before k's update, and that update."""
+        return (ray.get(self.in_flight) if self.in_flight else []), self._due
+
+    def restore(self, results: list, due: int | None) -> None:
+        """Back to ``pending``'s state; ``results`` (one per rollout call) are taken by the next
+        ``take`` as if their calls had just finished. Sync mode loads ``due`` at once."""
+        self.in_flight = [ray.put(r) for r in results]
+        self._due = due
+        if not self.async_rollouts and due is not None:
+            self.sync()
 
     def running(self) -> list:
         """The in-flight rollout calls that have not finished."""
