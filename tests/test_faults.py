@@ -206,3 +206,36 @@ def test_a_dead_sgls_server_or_tool_actor_is_an_environment_error(monkeypatch):
     lost = tool_pool.ToolBackendActor.__ray_metadata__.modified_class()
     with pytest.raises(EnvError, match="restarted"):
         lost.execute("gone", [])
+
+
+def test_shutdown_runs_every_part_and_masks_no_error(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from agentrl.runtime.driver import Trainer, _write_results
+
+    done = []
+
+    def part(name, fails=False):
+        def run():
+            done.append(name)
+            if fails:
+                raise RuntimeError(f"{name} broke")
+        return run
+
+    trainer = SimpleNamespace(trajectories=SimpleNamespace(close=part("trajectories")), write_trace=part("trace"),
+                              _stop_rods=part("rods"), rollout_side=SimpleNamespace(shutdown=part("workers", fails=True)),
+                              metrics=SimpleNamespace(close=part("metrics")))
+    Trainer.shutdown(trainer, raise_errors=False)  # a run's error is propagating: logged only
+    assert done == ["trajectories", "trace", "rods", "workers", "metrics"]
+    assert "shutdown: rollout side failed: RuntimeError: workers broke" in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match="workers broke"):  # a run that succeeded: raised, after every part ran
+        Trainer.shutdown(trainer)
+    assert done[5:] == ["trajectories", "trace", "rods", "workers", "metrics"]
+
+    def no_report(run_dir):
+        raise ValueError("no metrics")
+
+    _write_results(tmp_path, {"start": {"success": 0.5}}, no_report, strict=False)
+    assert (tmp_path / "evals.json").exists() and "report.png not written" in capsys.readouterr().out
+    with pytest.raises(ValueError):
+        _write_results(tmp_path, {}, no_report)

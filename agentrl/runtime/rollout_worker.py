@@ -194,20 +194,23 @@ class RolloutWorker:
 
         t0 = time.perf_counter()
 
-        async def group(task: Task, mix_key: str) -> EpisodeGroup:
+        async def group(task: Task, mix_key: str) -> tuple[GroupSummary, GroupRef | None]:
             gid = f"{task.id}@v{self.version}#{tag}" + ("" if self.role == POLICY else f"/{self.role}")
             version = self.version  # weights never change while a rollout call runs (RolloutScheduler)
-            eps = await asyncio.gather(
+            eps = keep_trainable(await asyncio.gather(
                 *[self._episode(task, SamplingConfig(temperature, top_p), gid) for _ in range(group_size)]
-            )
+            ))
+            if not eps:
+                return dropped_summary(task.id, version, group_size, self.role), None
             # wall_seconds: from the call's start to this group's end (the slowest group = the call's
             # generation time, which the driver cannot see when it overlaps learning)
-            return EpisodeGroup(task.id, gid, version, list(eps), wall_seconds=time.perf_counter() - t0, policy=self.role,
-                                mix_key=mix_key)
+            g = EpisodeGroup(task.id, gid, version, eps, wall_seconds=time.perf_counter() - t0, policy=self.role,
+                             mix_key=mix_key)
+            return group_summary(g, group_size - len(eps)), GroupRef(ray.put(g), g.version, g.task_id)
 
         keys = mix_keys if mix_keys is not None else [""] * len(tasks)
         groups = await asyncio.gather(*[group(t, k) for t, k in zip(tasks, keys, strict=True)])
-        return [group_summary(g) for g in groups], [GroupRef(ray.put(g), g.version, g.task_id) for g in groups]
+        return [s for s, _ in groups], [r for _, r in groups if r is not None]
 
     async def evaluate(self, tasks: list[Task], gold: bool = False) -> list[dict]:
         """Greedy decoding (or the gold replay), one episode per task; returns per-task results."""

@@ -31,7 +31,7 @@ from agentrl.tasks.schema import Task, ToolCall
 class ToolBackendActor:
     def __init__(self, sgls_server=None, sgls_seed: int | None = None, sgls_timeout_s: float = 300.0) -> None:
         self.sessions: dict[str, LocalEnvSession] = {}
-        self.calls = 0
+        self.calls = self.opened = 0
         if sgls_server is not None:
             # Tasks with backend "sgls" get a session answered by the cluster's SGLS server (one
             # per run, so every episode of a group shares its cache wherever it runs).
@@ -42,6 +42,7 @@ class ToolBackendActor:
 
     def open(self, session_id: str, task: Task) -> None:
         self.sessions[session_id] = LocalEnvSession(task)
+        self.opened += 1
 
     def _session(self, session_id: str) -> LocalEnvSession:
         session = self.sessions.get(session_id)
@@ -60,7 +61,7 @@ class ToolBackendActor:
         self.sessions.pop(session_id, None)
 
     def stats(self) -> dict[str, int]:
-        return {"open_sessions": len(self.sessions), "calls": self.calls}
+        return {"open_sessions": len(self.sessions), "opened": self.opened, "calls": self.calls}
 
 
 async def _remote(ref):
