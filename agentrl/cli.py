@@ -27,6 +27,7 @@ examples:
   agentrl make-model
   agentrl train configs/quickstart.yaml
   agentrl train configs/quickstart.yaml rollout.group_size=4 train.steps=5
+  agentrl train --resume runs/quickstart-20250101-120000 train.steps=40
   agentrl eval --tasks builtin:heldout --model agentrl/assets/tiny-agent
   agentrl eval --tasks bfcl:all --policy gold
   agentrl show runs/quickstart-20250101-120000 --step 20 --failed
@@ -57,13 +58,24 @@ def _run(fn, *args, **kwargs) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from agentrl.config import ConfigError, load_config
+    from agentrl.config.resume import load_resume_config
 
+    if args.resume is None and args.config is None:
+        return _fail("train: give CONFIG (a YAML run config) or --resume RUN (a run folder)")
+    overrides = list(args.overrides)
+    if args.resume is not None and args.config is not None:
+        if "=" not in args.config:  # argparse took the first KEY=VALUE for CONFIG; anything else is a config
+            return _fail(f"--resume {args.resume}: a resumed run uses its own config.yaml; give no CONFIG "
+                         f"({args.config}), only KEY=VALUE overrides")
+        overrides.insert(0, args.config)
     try:
-        config = load_config(args.config, args.overrides)
+        config = load_config(args.config, overrides) if args.resume is None else load_resume_config(args.resume, overrides)
     except ConfigError as err:
         return _fail(err)
     from agentrl.runtime.driver import train  # torch/Ray only from here on
 
+    if args.resume is not None:
+        return _run(train, config, config_path=str(Path(args.resume) / "config.yaml"), resume=args.resume)
     return _run(train, config, config_path=args.config)
 
 
@@ -162,11 +174,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"agentrl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("train", help="train a policy from a YAML config",
+    p = sub.add_parser("train", help="train a policy from a YAML config, or resume a run",
                        description="Train from CONFIG; KEY=VALUE arguments override its values "
-                                   "(dotted keys, YAML values), e.g. train.steps=5.")
-    p.add_argument("config", metavar="CONFIG", help="YAML run config, e.g. configs/quickstart.yaml")
+                                   "(dotted keys, YAML values), e.g. train.steps=5. --resume RUN continues "
+                                   "the run in folder RUN from its newest complete checkpoint "
+                                   "(train.checkpoint_every), with RUN/config.yaml; its overrides may only "
+                                   "change what leaves the run's math alone (train.steps to extend it, "
+                                   "evaluation and checkpoint intervals, telemetry, resources).")
+    p.add_argument("config", nargs="?", metavar="CONFIG", help="YAML run config, e.g. configs/quickstart.yaml")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    p.add_argument("--resume", metavar="RUN", help="continue the run in folder RUN (docs/operating.md)")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("make-model", help="build the tiny local agent model (no hub needed)",

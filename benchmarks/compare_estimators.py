@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# ppo needs a critic; its lr follows the policy's (tiny model, STACK.md).
+# ppo needs a critic; its lr follows the policy's (the tiny model's learning rate).
 EXTRA = {"ppo": ["algo.critic.lr=1e-4"]}
 
 

@@ -17,6 +17,13 @@ class Call:
         self.ref, self.result = self, None  # as cluster.RolloutCall: the pending ref, the fetched result
 
 
+class Stored:
+    """``ray.put``'s object: a result already there."""
+
+    def __init__(self, value):
+        self.value, self.done = value, True
+
+
 class FakeRay:
     @staticmethod
     def get(calls):
@@ -25,7 +32,11 @@ class FakeRay:
             return (calls.step, calls.engine_version)
         for c in calls:
             c.done = True
-        return [(c.step, c.engine_version) for c in calls]
+        return [c.value if isinstance(c, Stored) else (c.step, c.engine_version) for c in calls]
+
+    @staticmethod
+    def put(value):
+        return Stored(value)
 
     @staticmethod
     def wait(calls, num_returns=1, timeout=None, fetch_local=True):
@@ -119,3 +130,22 @@ def test_sync_mode_prefetches_nothing(engines):
     s = make(engines, async_rollouts=False)
     s.prefetch(2, allowed=True)
     assert s.in_flight == []
+
+
+@pytest.mark.parametrize("async_rollouts", [True, False])
+def test_a_checkpoint_keeps_the_rollouts_in_flight_and_the_version_due(engines, async_rollouts):
+    """``pending`` after step 2 and ``restore`` in a new scheduler (a resumed run): async mode
+    takes step 3's saved rollouts (made on v1) without launching, then loads v2; sync mode has
+    nothing in flight, and loads the checkpoint's version at once."""
+    s = make(engines, async_rollouts)
+    run_steps(s, 2)
+    s.prefetch(3, allowed=True)
+    results, due = s.pending()
+    assert (results, due) == (([(3, 1), (3, 1)], 2) if async_rollouts else ([], None))
+    fresh, launched = Engines(), []
+    resumed = RolloutScheduler(lambda step: launched.append(step) or [Call(step, fresh.version)], fresh, async_rollouts)
+    resumed.restore(results, due if due is not None else 2)
+    assert fresh.loads == ([] if async_rollouts else [2])
+    assert resumed.take(3) == (results if async_rollouts else [(3, 2)])
+    resumed.sync()
+    assert fresh.loads == [2] and launched == ([] if async_rollouts else [3])

@@ -79,8 +79,9 @@ class RodsConfig(Section):
     max_backlog: PosInt = 256
     # Seed of the synthesizers' random draws (combined with run.seed).
     seed: NonNegInt = 0
-    # rods_pool.json of a checkpoint to continue that pool from (set model.path to the same
-    # checkpoint folder to continue the policy too); null = a new pool from the tasks.train seeds.
+    # rods_pool.json of a checkpoint to seed a new run's pool from (its steps count from 1 again);
+    # to continue the same run, use `agentrl train --resume RUN` instead. null = a new pool from
+    # the tasks.train seeds.
     resume_from: NonEmptyStr | None = None
     # CPUs reserved for the synthesis actor (its synthesis thread shares them with the RPCs).
     num_cpus: NonNegFloat = 0.0

@@ -158,7 +158,9 @@ class TrainConfig(Section):
     eval_at_end: Bool = True
     # Evaluate every N steps in between; 0 = never.
     eval_every: NonNegInt = 0
-    # Save a checkpoint every N steps; 0 = no periodic checkpoints.
+    # Save a resumable checkpoint (checkpoint-<step>/: policy, optimizer, LR schedule, RNGs, task
+    # sampler, replay buffer, RODS pool) every N steps and after the last step; `agentrl train
+    # --resume RUN` continues from the newest (docs/operating.md). 0 = no checkpoints.
     checkpoint_every: NonNegInt = 0
     # Stop cleanly after this many minutes of wall time; null = no limit.
     max_minutes: PosFloat | None = None

@@ -78,13 +78,30 @@ class Explorer:
     def _copy_from(self, policy: nn.Module) -> None:
         """B's weights := A's. B is built from A's config, not deep-copied: A's parameters carry
         DeepSpeed's hooks, which a copy must not inherit."""
+        self._build(policy)
+        self.model.load_state_dict({k: v.float() for k, v in policy.state_dict().items()})
+        self.model.requires_grad_(True)
+
+    def _build(self, policy: nn.Module) -> None:
         if self.model is None:
             from transformers import AutoModelForCausalLM
 
             device = next(policy.parameters()).device
             self.model = AutoModelForCausalLM.from_config(policy.config).to(device=device, dtype=torch.float32).eval()
-        self.model.load_state_dict({k: v.float() for k, v in policy.state_dict().items()})
-        self.model.requires_grad_(True)
+
+    # ---- checkpoints (engines/learner_state.py). B's optimizer is made fresh by every derivation,
+    # so B's weights and the derivation count are its whole state.
+    def state_dict(self) -> dict:
+        weights = None if self.model is None else {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        return {"derivations": self.derivations, "model": weights}
+
+    def load_state_dict(self, state: dict, policy: nn.Module) -> None:
+        """Restore ``state_dict``; ``policy`` (A) gives B's architecture."""
+        self.derivations = int(state["derivations"])
+        if state["model"] is not None:
+            self._build(policy)
+            self.model.load_state_dict(state["model"])
+            self.model.requires_grad_(True)
 
     @torch.no_grad()
     def _kl_from_policy(self, micro, n_tok: int) -> float:

@@ -27,6 +27,17 @@ import ray
 from agentrl.api import POLICY, GroupRef, GroupSummary
 from agentrl.config import Config, dump_config
 from agentrl.envs.builtin.generator import generate_tasks, text_key
+from agentrl.runtime.checkpoint import (
+    POOL_LOG,
+    POOL_STATE,
+    TASKS_LOG,
+    Checkpoint,
+    engine_seed_rollout_cfg,
+    open_checkpoint,
+    reopen_run_dir,
+    restore,
+    write_checkpoint,
+)
 from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
 from agentrl.runtime.process_env import set_default_env
 from agentrl.runtime.scheduler import RolloutScheduler
@@ -36,9 +47,6 @@ from agentrl.telemetry.progress import ProgressLine, eval_table
 from agentrl.telemetry.summaries import eval_metrics, step_metrics
 from agentrl.telemetry.timeline import Timeline
 from agentrl.weight_sync import make_weight_sync
-
-POOL_LOG = "rods_pool.jsonl"  # append-only RODS pool events (one JSON object per line)
-POOL_STATE = "rods_pool.json"  # the RODS pool in a checkpoint folder
 
 
 class TaskSampler:
@@ -66,11 +74,35 @@ class TaskSampler:
             out.append(self.order.pop())
         return out
 
+    def state_dict(self) -> dict:
+        """Everything ``next`` depends on: the RNG, the rest of the current pass (as indices into
+        the train set, checked against its task ids on load) and the fresh-task seed."""
+        index = {id(t): i for i, t in enumerate(self.tasks)}
+        return {"rng": _jsonable(self.rng.getstate()), "order": [index[id(t)] for t in self.order],
+                "fresh_seed": self.fresh_seed, "task_ids": [t.id for t in self.tasks]}
 
-def load_task_sources(cfg: Config) -> dict[str, list]:
+    def load_state_dict(self, state: dict) -> None:
+        if state["task_ids"] != [t.id for t in self.tasks]:
+            raise SystemExit("error: tasks.train: the training tasks are not the ones the checkpoint was drawn from "
+                             f"({len(state['task_ids'])} tasks then, {len(self.tasks)} now, or in another order)")
+        self.rng.setstate(_tupled(state["rng"]))
+        self.order = [self.tasks[i] for i in state["order"]]
+        self.fresh_seed = state["fresh_seed"]
+
+
+def _jsonable(x):
+    return [_jsonable(v) for v in x] if isinstance(x, tuple) else x
+
+
+def _tupled(x):
+    return tuple(_tupled(v) for v in x) if isinstance(x, list) else x
+
+
+def load_task_sources(cfg: Config, resume: Checkpoint | None = None) -> dict[str, list]:
     """tasks.heldout and (unless fresh_train) tasks.train, loaded once, before the run folder and
     Ray exist: a bad path, a malformed file or a missing/wrong benchmark package is reported with
-    its key, not as a traceback mid-start."""
+    its key, not as a traceback mid-start. The RODS pool state: ``rods.resume_from``'s, or the
+    checkpoint's when ``resume``-ing a run."""
     from agentrl.envs.sources import resolve_task_sources
     from agentrl.tasks.io import TaskFileError
 
@@ -85,23 +117,25 @@ def load_task_sources(cfg: Config) -> dict[str, list]:
         if n_sgls and cfg.tools.sgls is None:
             raise SystemExit(f"error: tasks.{key}: {n_sgls} tasks use backend 'sgls' (LLM-simulated tools) but "
                              "tools.sgls is not set (give it model_path or endpoint)")
-    if cfg.rods.enabled and cfg.rods.resume_from:
+    source = (resume.path / POOL_STATE, "--resume") if resume is not None else (cfg.rods.resume_from, "rods.resume_from")
+    if cfg.rods.enabled and source[0]:
         try:
-            loaded["rods_state"] = json.loads(Path(cfg.rods.resume_from).read_text())
+            loaded["rods_state"] = json.loads(Path(source[0]).read_text())
         except (OSError, ValueError) as err:
-            raise SystemExit(f"error: rods.resume_from: cannot read the pool state {cfg.rods.resume_from}: {err}") from None
+            raise SystemExit(f"error: {source[1]}: cannot read the pool state {source[0]}: {err}") from None
     return loaded
 
 
-def start_synthesis_actor(cfg: Config, tasks: dict[str, list], heldout: list):
+def start_synthesis_actor(cfg: Config, tasks: dict[str, list], heldout: list, renumber: bool = True):
     """The RODS synthesis actor: its pool replaces the task sampler; seeds = tasks.train, and no
-    synthesized task may repeat a held-out user turn."""
+    synthesized task may repeat a held-out user turn. ``renumber``: a pool state from
+    ``rods.resume_from`` starts a new run (steps from 1); a resumed run's keeps its steps."""
     from agentrl.runtime.synthesis_actor import SynthesisActor
 
     heldout_texts = frozenset(turn.user for t in heldout for turn in t.turns)
     return SynthesisActor.options(num_cpus=cfg.rods.num_cpus, num_gpus=cfg.rods.num_gpus).remote(
         tasks["train"], cfg.rods, cfg.rollout.tasks_per_step, heldout_texts, cfg.run.seed, cfg.model.dtype,
-        state=tasks.get("rods_state"), resume=True)
+        state=tasks.get("rods_state"), resume=renumber)
 
 
 class Trainer:
@@ -109,10 +143,11 @@ class Trainer:
 
     ``rollout_side``: tool pool and rollout workers (``runtime/cluster.py``); ``scheduler``:
     the rollouts in flight and when weights load (``runtime/scheduler.py``); ``buffer``,
-    ``learner``, and ``rods`` (the synthesis actor, or None) as in docs/design.md §1.
+    ``learner``, and ``rods`` (the synthesis actor, or None) as in docs/design.md §1. ``resume``:
+    the checkpoint a resumed run continues from (``runtime/checkpoint.py``); ``start_step`` is its step.
     """
 
-    def __init__(self, cfg: Config, run_dir: Path, tasks: dict[str, list]):
+    def __init__(self, cfg: Config, run_dir: Path, tasks: dict[str, list], resume: Checkpoint | None = None):
         from agentrl.runtime.learner import LearnerActor
         from agentrl.runtime.replay_buffer import ReplayBuffer
 
@@ -122,9 +157,11 @@ class Trainer:
         self.heldout = heldout[: cfg.tasks.heldout_size] if cfg.tasks.heldout_size else heldout
         heldout_keys = {text_key(t) for t in heldout}  # held-out tasks as their tuples of user turns
         self.sampler = None if cfg.rods.enabled else TaskSampler(cfg, tasks["train"], heldout_keys)
-        self.rods = start_synthesis_actor(cfg, tasks, heldout) if cfg.rods.enabled else None
+        self.rods = start_synthesis_actor(cfg, tasks, heldout, renumber=resume is None) if cfg.rods.enabled else None
         rt = cfg.runtime
-        self.rollout_side = RolloutSide.create(cfg, model_path, weight_sync=rt.weight_sync)
+        self.start_step = resume.step if resume is not None else 0
+        self.rollout_side = RolloutSide.create(cfg, model_path, rollout_cfg=engine_seed_rollout_cfg(cfg, self.start_step),
+                                               weight_sync=rt.weight_sync)
         self.workers, self.sgls = self.rollout_side.workers, self.rollout_side.sgls
         self.buffer = ReplayBuffer.remote(cfg.buffer.capacity_groups, cfg.buffer.max_staleness)
         # the learner scores tokens under the tempered distribution the rollouts sampled from
@@ -136,13 +173,15 @@ class Trainer:
         sync = make_weight_sync(rt.weight_sync, self.learner, self.workers, self.rollout_side.explorers)
         self.scheduler = RolloutScheduler(self._launch_rollouts, sync, cfg.train.async_rollouts,
                                           revive=self.rollout_side.revive, reissue=self.rollout_side.reissue)
-        self.metrics = MetricsSink(run_dir, cfg.telemetry, cfg.run.name)
+        self.metrics = MetricsSink(run_dir, cfg.telemetry, cfg.run.name, resume_after=resume.step if resume else None)
         self.trajectories = Trajectories(run_dir, model_path, cfg.telemetry.trajectories_every)
         self.timeline = Timeline()  # the driver's phase spans; trace.json at shutdown (telemetry.trace)
         self.progress = ProgressLine(cfg.train.steps, live=None if cfg.telemetry.progress else False)
         self.version = 0  # the learner's policy version
+        self.evals: dict[str, dict[str, float]] = {}  # the run's start evaluation (restored on resume)
         self.deadline: float | None = None  # train.max_minutes as a perf_counter time (set by train())
-        self.partial_evals: dict[str, dict[str, float]] = {}  # the evaluations done (written if the run fails)
+        if resume is not None:
+            restore(self, resume)
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:
@@ -206,6 +245,8 @@ class Trainer:
         rollouts). Returns the pending observe call (awaited in phase 5), or None."""
         ray.get(self.buffer.add.remote(entries))
         self.trajectories.add(step, entries)
+        with (self.run_dir / TASKS_LOG).open("a", encoding="utf-8") as fh:  # the tasks each step trained on
+            fh.write(json.dumps({"step": step, "task_ids": [s.task_id for s in summaries if s.policy == POLICY]}) + "\n")
         if self.rods is None:
             return None
         # RSPO: the boundary is the policy's, unless rspo.boundary_from_explorer
@@ -268,6 +309,10 @@ class Trainer:
             fh.writelines(json.dumps(e) + "\n" for e in events)
         return rods_metrics
 
+    def checkpoint(self, step: int) -> Path:
+        """The run after ``step`` as ``checkpoint-<step>``, resumable (``runtime/checkpoint.py``)."""
+        return write_checkpoint(self, step, self.evals)
+
     def save(self, out_dir: Path) -> None:
         """Learner weights (+ the RODS pool as rods_pool.json) into ``out_dir``."""
         ray.get(self.learner.save.remote(str(out_dir.resolve())))
@@ -299,14 +344,17 @@ class Trainer:
             self.drain_pool_log()  # jobs that finished after the last step
 
 
-def train(cfg: Config, config_path: str | None = None) -> dict:
-    """Run a training job end to end; returns the start/end held-out evaluations."""
+def train(cfg: Config, config_path: str | None = None, resume: str | Path | None = None) -> dict:
+    """Run a training job end to end; returns the start/end held-out evaluations. ``resume``: a run
+    folder to continue from its newest complete checkpoint (``cfg`` is its config.yaml, with the
+    overrides ``config/resume.py`` allows)."""
     from agentrl.telemetry.report import write_report
 
     set_default_env()
     resolve_model_path(cfg)  # a missing model or task set fails here: before a run folder exists or Ray starts
-    tasks = load_task_sources(cfg)
-    run_dir = _make_run_dir(cfg, config_path)
+    checkpoint = open_checkpoint(resume, cfg) if resume is not None else None
+    tasks = load_task_sources(cfg, checkpoint)
+    run_dir = _make_run_dir(cfg, config_path) if checkpoint is None else reopen_run_dir(checkpoint, cfg)
 
     # Load torch's libraries before Ray starts: under `ray job submit --working-dir`, importing torch
     # after ray.init() sometimes died with "oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"
@@ -316,7 +364,7 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
     owns_ray = init_ray(cfg)
     t_start = time.perf_counter()
     try:
-        trainer = Trainer(cfg, run_dir, tasks)
+        trainer = Trainer(cfg, run_dir, tasks, resume=checkpoint)
     except BaseException:
         if owns_ray:
             ray.shutdown()
@@ -328,7 +376,7 @@ def train(cfg: Config, config_path: str | None = None) -> dict:
         # far (closed by shutdown), the evaluations done, the report
         print(f"error: the run failed: {type(err).__name__}: {err}", flush=True)
         _close(trainer, owns_ray, raise_errors=False)
-        _write_results(run_dir, trainer.partial_evals, write_report, strict=False)
+        _write_results(run_dir, trainer.evals, write_report, strict=False)
         raise
     _close(trainer, owns_ray)
     _write_results(run_dir, evals, write_report)
@@ -369,21 +417,25 @@ def _make_run_dir(cfg: Config, config_path: str | None) -> Path:
 
 
 def _run(trainer: Trainer, cfg: Config, run_dir: Path, t_start: float) -> dict[str, dict[str, float]]:
-    """The evaluations, the steps and the checkpoints; returns the start/end evaluations."""
-    evals: dict[str, dict[str, float]] = {}
-    if cfg.train.eval_at_start:
+    """The evaluations, the steps and the checkpoints, from step 1 or after the resumed checkpoint;
+    returns the start/end evaluations. With train.checkpoint_every the last step is checkpointed
+    too, so ``--resume RUN train.steps=N`` can extend a finished run."""
+    evals = trainer.evals
+    step = saved = trainer.start_step
+    if step == 0 and cfg.train.eval_at_start:
         evals["start"] = start = _evaluate(trainer, 0)
         print(f"held-out at start: success {start['success']:.2f} on {int(start['episodes'])} tasks "
               f"({start['seconds']:.0f}s)", flush=True)
     deadline = trainer.deadline = t_start + cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
-    for step in range(1, cfg.train.steps + 1):
+    for step in range(trainer.start_step + 1, cfg.train.steps + 1):
         m = trainer.step(step, last=step == cfg.train.steps)
         trainer.metrics.log(step, m)
         trainer.progress.update(step, m)
         if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
             _evaluate(trainer, step)
         if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-            trainer.save(run_dir / f"checkpoint-{step}")
+            trainer.checkpoint(step)
+            saved = step
         if deadline and time.perf_counter() > deadline:
             print(f"train.max_minutes reached after step {step}", flush=True)
             break
@@ -393,6 +445,8 @@ def _run(trainer: Trainer, cfg: Config, run_dir: Path, t_start: float) -> dict[s
     trainer.settle(discard_pending=True)
     if cfg.train.eval_at_end:
         evals["end"] = _evaluate(trainer, step)
+    if cfg.train.checkpoint_every and saved != step:
+        trainer.checkpoint(step)
     trainer.save(run_dir / "final")
     return evals
 
@@ -401,7 +455,6 @@ def _evaluate(trainer: Trainer, step: int) -> dict[str, float]:
     """A held-out evaluation, logged as ``eval/*`` at ``step``."""
     e = trainer.evaluate()
     trainer.metrics.log(step, {f"eval/{k}": v for k, v in e.items()})
-    trainer.partial_evals["start" if step == 0 else f"step-{step}"] = e  # evals.json if the run fails
     return e
 
 

@@ -130,6 +130,21 @@ class LearnerActor:
     def compute_logprobs(self, input_ids: list[list[int]]) -> list[list[float]]:
         return self.learner.compute_logprobs(input_ids)
 
+    # ---- exact resume (engines/learner_state.py)
+    def save_state(self, out_dir: str) -> dict[str, str]:
+        """The whole training state into ``out_dir``; returns its digest."""
+        from agentrl.engines.learner_state import save_learner_state
+
+        return save_learner_state(self.learner, out_dir)
+
+    def load_state(self, in_dir: str) -> dict[str, str]:
+        """Restore ``save_state``'s folder; returns the digest of the state now held. The explorer's
+        engines get its weights at the next weight sync."""
+        from agentrl.engines.learner_state import load_learner_state
+
+        self.explorer_published = -1
+        return load_learner_state(self.learner, in_dir)
+
     def save(self, out_dir: str) -> str:
         import shutil
         from pathlib import Path

@@ -46,6 +46,16 @@ class ReplayBuffer:
             out.append(entry)
         return out
 
+    def state(self) -> tuple[list[GroupRef], dict[str, int]]:
+        """What a checkpoint needs: the groups still held (oldest first) and the counters."""
+        return list(self.items), {"added": self.added, "dropped_stale": self.dropped_stale, "dropped_full": self.dropped_full}
+
+    def restore(self, entries: list[GroupRef], counters: dict[str, int]) -> int:
+        """Back to ``state``'s contents (the groups re-put into the object store by the driver)."""
+        self.items = deque(entries)
+        self.added, self.dropped_stale, self.dropped_full = counters["added"], counters["dropped_stale"], counters["dropped_full"]
+        return len(self.items)
+
     def stats(self) -> dict[str, int]:
         return {"size": len(self.items), "added": self.added, "dropped_stale": self.dropped_stale,
                 "dropped_full": self.dropped_full}

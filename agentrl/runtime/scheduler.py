@@ -27,6 +27,10 @@ finds its worker dead, ``recover`` (given by the driver) waits for Ray to restar
 engines should have into it, before the call's tasks are re-issued to it (``collect``). Every
 other call's groups are kept as delivered, so each task of a step is trained once. A worker
 out of restarts raises its ``RayActorError`` and ends the run.
+
+A checkpoint keeps what ``pending`` returns (the in-flight rollouts' results, the version due)
+and a resumed run hands it back to ``restore``, so async mode resumes one step off-policy exactly
+where it stopped.
 """
 
 from __future__ import annotations
@@ -53,6 +57,15 @@ def collect(calls: list, fetch: Callable, recover: Callable, dead: tuple[type[Ba
                 calls[i] = recover(calls[i])
         out.append(calls[i].result)
     return out
+
+
+class Finished:
+    """A rollout call restored from a checkpoint: its result is there, nothing to wait for."""
+
+    ref = None
+
+    def __init__(self, result):
+        self.result = result
 
 
 class RolloutScheduler:
@@ -120,6 +133,21 @@ class RolloutScheduler:
         if self._due is not None:
             self._load_weights(self._due)
             self._due = None
+
+    # ---- checkpoints (runtime/checkpoint.py)
+    def pending(self) -> tuple[list, int | None]:
+        """(results of the rollout calls in flight, waited for but left for their step; the
+        version due to load, or None): what a checkpoint must keep of the scheduler. Async mode
+        only has either: step k+1's rollouts on the weights before k's update, and that update."""
+        return (self._collect() if self.in_flight else []), self._due  # a dead worker's recovered first
+
+    def restore(self, results: list, due: int | None) -> None:
+        """Back to ``pending``'s state; ``results`` (one per rollout call) are taken by the next
+        ``take`` as if their calls had just finished. Sync mode loads ``due`` at once."""
+        self.in_flight = [Finished(r) for r in results]
+        self._due = due
+        if not self.async_rollouts and due is not None:
+            self.sync()
 
     def running(self) -> list:
         """The in-flight rollout calls that have not finished."""

@@ -28,6 +28,7 @@ from agentrl.rods.llm_synth import LLMSynthesizer
 from agentrl.rods.pool import ActivePool
 from agentrl.rods.resample import ResampleSynthesizer
 from agentrl.rods.synthesizer import reexecutes
+from agentrl.tasks.schema import Task
 
 
 def build_synthesizer(rods_cfg, dtype: str = "float32"):
@@ -66,6 +67,14 @@ def build_synthesizer(rods_cfg, dtype: str = "float32"):
     return LLMSynthesizer(llm, llm_cfg, judge_llm=judge), close_engine
 
 
+def restore_queue(state: dict, renumber: bool = False) -> list[tuple[int, Task]]:
+    """The seeds ``SynthesisActor.state_dict`` saved as waiting, as (step, task). ``renumber``: for
+    a new run continuing the pool (``rods.resume_from``), steps relative to its restart, as
+    ``ActivePool.from_state`` moves cooldowns."""
+    shift = state.get("step", 0) if renumber else 0
+    return [(d["step"] - shift, Task.model_validate(d["task"])) for d in state.get("synthesis_queue", [])]
+
+
 @ray.remote
 class SynthesisActor:
     def __init__(self, seeds: list, rods_cfg, tasks_per_step: int, forbidden_texts: frozenset[str], run_seed: int = 0,
@@ -78,16 +87,19 @@ class SynthesisActor:
         else:
             self.pool = ActivePool.from_state(state, rods_cfg, tasks_per_step, forbidden_texts, log=self.events.append,
                                               resume=resume)
-            self.events.append({"step": 0, "event": "restore", "pool": len(self.pool.entries), "resume": resume})
+            self.events.append({"step": self.pool.step, "event": "restore", "pool": len(self.pool.entries), "resume": resume})
         self.synth, self._close_llm = build_synthesizer(rods_cfg, dtype)
         self.base_seed = run_seed * 1_000_003 + rods_cfg.seed
         self.jobs = state.get("synthesis_jobs", 0) if state else 0  # jobs started; with base_seed it seeds each job
-        self.queue: deque = deque()  # (step, seed task)
+        # (step, seed task) waiting for synthesis; a checkpoint keeps them (and the job that was running)
+        self.queue: deque = deque(restore_queue(state, renumber=resume) if state else ())
         # Seeds waiting for synthesis: four selections' worth; older ones are stale by then.
         self.max_queue = 4 * rods_cfg.quota_per_category * len({t.category for t in seeds})
         self.busy = False
-        self.counts: Counter = Counter()  # jobs, attempts, candidates, queued, dropped_seeds, errors, failures:*
-        self.busy_seconds = 0.0
+        self.running: tuple | None = None  # (step, seed) of the job in progress
+        # jobs, attempts, candidates, queued, dropped_seeds, errors, failures:*
+        self.counts: Counter = Counter(state.get("synthesis_counts", {}) if state else {})
+        self.busy_seconds = float(state.get("synthesis_busy_seconds", 0.0)) if state else 0.0
         self.wake = threading.Condition(self.lock)
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="rods-synthesis", daemon=True)
@@ -136,10 +148,14 @@ class SynthesisActor:
             return m, events
 
     def state_dict(self) -> dict:
-        """The pool, plus the synthesis job counter (it seeds the jobs). Seeds still waiting for
-        synthesis are not saved: a resumed run selects new ones from its own groups."""
+        """The pool, plus the synthesis side: the job counter (with ``base_seed`` it seeds each
+        job), the seeds waiting for synthesis and the counters. A job still running is saved as
+        waiting, first in line, with its index: a resumed actor redoes it with the same seed."""
         with self.lock:
-            return {**self.pool.state_dict(), "synthesis_jobs": self.jobs}
+            waiting = ([self.running] if self.running else []) + list(self.queue)
+            return {**self.pool.state_dict(), "synthesis_jobs": self.jobs - (self.running is not None),
+                    "synthesis_queue": [{"step": step, "task": task.model_dump(mode="json")} for step, task in waiting],
+                    "synthesis_counts": dict(self.counts), "synthesis_busy_seconds": self.busy_seconds}
 
     def wait_idle(self, timeout_s: float = 600.0) -> bool:
         """Block until the seed queue is empty and no job runs (tests, and a final drain)."""
@@ -165,6 +181,7 @@ class SynthesisActor:
             return None
         step, seed = self.queue.popleft()
         self.busy = True
+        self.running = (step, seed)
         self.jobs += 1
         return step, seed, self.jobs - 1
 
@@ -196,6 +213,7 @@ class SynthesisActor:
                     self.busy_seconds += time.perf_counter() - t0
                     self.counts["jobs"] += 1
                     self.busy = False
+                    self.running = None
                     self.wake.notify_all()
 
     def _record(self, step: int, seed, result, replayed: list[bool]) -> None:

@@ -72,6 +72,15 @@ class Trajectories:
         if self.actor is not None:
             self.actor.add.remote(step, list(refs))
 
+    def checkpoint(self) -> None:
+        """At a checkpoint: wait for every step's records so far and close the open file, so
+        no file holds steps on both sides of a checkpoint (a resumed run drops later files)."""
+        if self.actor is not None:
+            try:
+                ray.get(self.actor.flush.remote())
+            except Exception as err:
+                log.warning("trajectory records not flushed at the checkpoint: %r", err)
+
     def close(self) -> list[str]:
         """Wait for every step's records and finish the last file; returns the files written."""
         if self.actor is None:

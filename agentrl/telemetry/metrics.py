@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import sys
 import time
@@ -57,6 +58,33 @@ def ray_metric_name(name: str) -> str:
     return "agentrl_" + re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
+def keep_steps_through(path: str | Path, step: int) -> list[dict]:
+    """Rewrite the JSONL file ``path`` keeping only the records with ``"step"`` <= ``step`` (and any
+    line that is not such a record); returns the records kept. A torn last line (the process died
+    while writing it) is dropped. The rewrite is atomic: a temporary file renamed over ``path``.
+    No file: nothing to do."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    kept_lines, kept = [], []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step:
+            continue
+        kept_lines.append(line)
+        kept.append(record)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.writelines(x + "\n" for x in kept_lines)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return [r for r in kept if isinstance(r, dict)]
+
+
 def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     """Keep values that are numbers (int, bool, numpy/torch 0-d); drop the rest silently."""
     out: dict[str, float] = {}
@@ -74,16 +102,28 @@ class MetricsSink:
     """Writes each step's scalars to ``run_dir/metrics.jsonl``, ``run_dir/tb`` and Ray gauges.
 
     ``telemetry_cfg`` is a ``TelemetryConfig`` (``jsonl``, ``tensorboard``, ``ray_metrics``); None
-    means all on. The JSONL file is appended to, so a resumed run continues the same file.
+    means all on.
+
+    ``resume_after=k`` continues the files of a run resumed from its checkpoint at step k: rows of
+    ``metrics.jsonl`` for steps after k (written before the run died, and about to be written
+    again) are dropped first, so the file keeps one row per step (plus evaluation rows), and
+    ``elapsed_s`` goes on from the last row kept. TensorBoard gets ``purge_step=k+1``: events
+    after step k in the old event files are hidden from then on (torch's SummaryWriter; the
+    fallback writer cannot purge). Ray gauges keep no history.
     """
 
-    def __init__(self, run_dir: str | Path, telemetry_cfg: Any = None, run_name: str = "agentrl"):
+    def __init__(self, run_dir: str | Path, telemetry_cfg: Any = None, run_name: str = "agentrl",
+                 resume_after: int | None = None):
         self.run_dir = Path(run_dir)
         self.run_name = str(run_name)
         self._use_jsonl = bool(getattr(telemetry_cfg, "jsonl", True))
         self._use_tb = bool(getattr(telemetry_cfg, "tensorboard", True))
         self._use_ray = bool(getattr(telemetry_cfg, "ray_metrics", True))
+        self._resume_after = resume_after
         self._start = time.time()
+        if resume_after is not None:
+            kept = keep_steps_through(self.run_dir / METRICS_FILE, resume_after)
+            self._start -= float(kept[-1].get("elapsed_s") or 0.0) if kept else 0.0
         self._warned: set[str] = set()
         self._jsonl = None
         self._tb = None
@@ -106,7 +146,8 @@ class MetricsSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(path))
+            purge = None if self._resume_after is None else self._resume_after + 1
+            self._tb = SummaryWriter(str(path), purge_step=purge)
         except Exception as err:  # torch missing or torch/tensorboard version skew
             log.debug("torch SummaryWriter unavailable (%s); using tensorboard.summary.Writer", err)
             from tensorboard.summary import Writer

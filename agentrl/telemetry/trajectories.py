@@ -139,6 +139,31 @@ class TrajectoryLog:
         return path
 
 
+def discard_after(out_dir: str | Path, step: int) -> list[Path]:
+    """Before a run resumed from its checkpoint at ``step`` records again: remove what was
+    recorded after it: partial files (a window the process died in) and files of later steps;
+    a file that straddles ``step`` is cut back to it. Returns the files removed or rewritten.
+    (The writer closes its window at every checkpoint, so a file never straddles one.)"""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    out_dir = Path(out_dir)
+    touched = list(out_dir.glob(".steps-*.partial"))
+    for path in touched:
+        path.unlink()
+    for path in sorted(out_dir.glob("steps-*.parquet")):
+        if not (m := _FILE.fullmatch(path.name)) or int(m[2]) <= step:
+            continue
+        touched.append(path)
+        if int(m[1]) <= step:
+            table = pq.read_table(path)
+            tmp = out_dir / f".steps-{int(m[1]):06d}.cut"
+            pq.write_table(table.filter(pc.less_equal(table["step"], step)), tmp)
+            os.replace(tmp, out_dir / file_name(int(m[1]), step))
+        path.unlink()
+    return touched
+
+
 # ---------------------------------------------------------------- reading
 
 def trajectory_files(run_dir: str | Path) -> list[tuple[int, int, Path]]:
