@@ -154,8 +154,18 @@ class RolloutSide:
         return cls(sgls, pool, workers, engine, explorers, g_b)
 
     def start(self) -> list[float]:
-        """Build every worker's engine (and tokenizer); returns each worker's start seconds."""
-        return ray.get([w.start.remote(engine=self.engine) for w in self.workers + self.explorers])
+        """Build every worker's engine (and tokenizer); returns each worker's start seconds. A
+        worker that dies meanwhile (restarted by Ray, ``runtime.max_actor_restarts``) is revived."""
+        workers = self.workers + self.explorers
+        out = []
+        for w, ref in zip(workers, [w.start.remote(engine=self.engine) for w in workers]):
+            try:
+                out.append(ray.get(ref))
+            except ray.exceptions.RayActorError as err:
+                print(f"recovery: a rollout worker died while starting ({type(err).__name__}); waiting for its restart",
+                      flush=True)
+                out.append(self.revive(w))
+        return out
 
     def rollout(self, tasks: list, rollout_cfg, tag: int) -> list[RolloutCall]:
         """Start ``rollout_cfg.group_size`` episodes per task, tasks split over the workers; returns
