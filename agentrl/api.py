@@ -16,6 +16,8 @@
   ``GroupRef`` travels driver -> buffer -> learner without the payloads touching the driver.
 * ``TrainBatch``: flat per-sequence lists the learner trains on (``runtime.batching.build_batch``).
 * ``MicroBatch``: one padded [B, T] micro-batch of a learner step (``engines.micro_batch``).
+* ``EnvError``: an episode's environment could not answer (its tool-pool actor or the SGLS
+  server died); the episode ends with termination ``ENV_ERROR`` and is never trained on.
 
 Only the standard library is imported here (``MicroBatch`` names torch tensors in annotations
 only), so every package, the config included, can use these types.
@@ -31,6 +33,13 @@ if TYPE_CHECKING:
 
 # Episode.policy: the policy being trained, or RSPO's explorer (docs/design.md §4, "RSPO")
 POLICY, EXPLORER = "policy", "explorer"
+# Episode.termination of an episode whose environment failed: dropped from its group, counted
+ENV_ERROR = "env_error"
+
+
+class EnvError(RuntimeError):
+    """The environment failed, not the model: a tool-pool actor or the SGLS server died or did
+    not answer. Raised by the session; the episode loop ends the episode with ``ENV_ERROR``."""
 
 
 @dataclass
@@ -53,7 +62,7 @@ class Episode:
     calls: list[list[dict]] = field(default_factory=list)  # per turn: [{name, arguments, observation}]
     n_call_blocks: int = 0
     n_valid_calls: int = 0
-    termination: str = "done"  # done | length | max_messages | max_tokens
+    termination: str = "done"  # done | length | max_messages | max_tokens | env_error (ENV_ERROR)
     rewards: dict[str, float] = field(default_factory=dict)
     policy_version: int = 0
     group_id: str = ""
@@ -122,6 +131,7 @@ class GroupSummary:
     env_seconds: float
     wall_seconds: float
     policy: str = POLICY
+    env_failures: int = 0  # episodes dropped because their environment failed (ENV_ERROR)
 
 
 @dataclass(frozen=True)

@@ -255,3 +255,58 @@ def test_every_estimator_trains_on_real_rollouts(tiny_model_dir, ray_cluster, tm
         assert math.isfinite(m["loss"]) and m["grad_norm"] > 0, (name, m)
         if name == "ppo":
             assert math.isfinite(m["critic/loss"]), m
+
+
+def test_a_killed_rollout_worker_and_tool_actor_cost_no_group(tiny_model_dir, ray_cluster, tmp_path, monkeypatch):
+    """Ray restarts a rollout worker killed mid-step 1 (its engine rebuilt, the weights loaded)
+    and the driver re-issues its groups: step 1 trains each of its 2 x 4 episodes once. A tool
+    actor killed mid-step 2 (tools.placement=pool) loses its sessions: those episodes are
+    dropped and counted, the others trained. The run finishes and writes its results."""
+    import threading
+    import time
+
+    import ray
+
+    from agentrl.runtime import driver
+    from agentrl.telemetry.trajectories import read_trajectories
+
+    launch = driver.Trainer._launch_rollouts
+
+    def launch_and_kill(self, step):
+        pool = self.rollout_side.pool.actors[0]
+        before = ray.get(pool.stats.remote())["opened"]
+        calls = launch(self, step)
+        victim = {1: self.workers[0], 2: pool}[step]
+
+        def kill():  # once the step's 8 episodes are under way (they have opened their sessions)
+            deadline = time.time() + 300
+            while ray.get(pool.stats.remote())["opened"] < before + 8 and time.time() < deadline:
+                time.sleep(0.05)
+            ray.kill(victim, no_restart=False)
+
+        threading.Thread(target=kill, daemon=True).start()
+        return calls
+
+    monkeypatch.setattr(driver.Trainer, "_launch_rollouts", launch_and_kill)
+    # messages long enough to end (at 48 tokens most are cut off, and such an episode never
+    # reaches its environment again after opening its session: nothing to lose)
+    cfg = _config(tiny_model_dir, tmp_path, "tools.placement=pool", "tools.num_actors=1", "train.eval_at_start=false",
+                  "train.eval_at_end=false", "telemetry.trace=false", "rollout.max_new_tokens=160")
+    assert driver.train(cfg, config_path=None) == {}
+    run_dir = next((tmp_path / "runs").iterdir())
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in steps] == [1, 2]
+    one, two = steps
+    assert (one["recovery/worker_restarts"], one["recovery/reissued_groups"]) == (1, 2)
+    assert one["train/episodes"] == one["learner/sequences"] == 8 and one["train/env_failures"] == 0
+    assert (two["recovery/worker_restarts"], two["recovery/reissued_groups"]) == (0, 0)
+    assert two["train/env_failures"] == two["recovery/dropped_episodes"] >= 1
+    assert two["train/episodes"] + two["train/env_failures"] == 8
+    assert two.get("learner/sequences", 0) == two["train/episodes"]  # nothing trained if every episode was dropped
+    rows = read_trajectories(run_dir)  # every trained episode once: no group lost, none twice
+    for x in steps:
+        mine = [r for r in rows if r["step"] == x["step"]]
+        assert len(mine) == len({(r["group_id"], r["index"]) for r in mine}) == x["train/episodes"]
+    assert len({r["group_id"] for r in rows if r["step"] == 1}) == len({r["task_id"] for r in rows if r["step"] == 1}) == 2
+    assert (run_dir / "final" / "model.safetensors").exists() and (run_dir / "report.png").exists()
+    assert json.loads((run_dir / "evals.json").read_text()) == {}

@@ -14,6 +14,7 @@ class Call:
 
     def __init__(self, step: int, engine_version: int):
         self.step, self.engine_version, self.done = step, engine_version, False
+        self.ref, self.result = self, None  # as cluster.RolloutCall: the pending ref, the fetched result
 
 
 class Stored:
@@ -26,6 +27,9 @@ class Stored:
 class FakeRay:
     @staticmethod
     def get(calls):
+        if isinstance(calls, Call):
+            calls.done = True
+            return (calls.step, calls.engine_version)
         for c in calls:
             c.done = True
         return [c.value if isinstance(c, Stored) else (c.step, c.engine_version) for c in calls]

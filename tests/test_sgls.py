@@ -16,6 +16,7 @@ import time
 import jsonschema
 import pytest
 
+from agentrl.api import EnvError
 from agentrl.envs.sgls import (
     ERROR_RESPONSE_SCHEMA,
     SGLSBackend,
@@ -273,6 +274,13 @@ def test_client_errors_become_observations_and_are_not_cached():
 
     expected = {"error": "simulator unavailable for pay_invoice: RuntimeError: actor died"}
     assert SGLSBackend(_task(), DeadServer()).execute(_call()) == expected
+
+    class GoneServer:  # RemoteSimulator, once the server actor is dead: the episode must end
+        def simulate(self, *args):
+            raise EnvError("SGLS server unavailable")
+
+    with pytest.raises(EnvError):
+        SGLSBackend(_task(), GoneServer()).execute(_call())
 
 
 def test_concurrent_identical_calls_decode_once():

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.parser import ParsedMessage, parse_assistant
-from agentrl.api import Episode, Generation
+from agentrl.api import ENV_ERROR, EnvError, Episode, Generation
 from agentrl.tasks.schema import Task, ToolCall
 
 # Token segment labels (docs/design.md §2): 0 = injected by the environment, 1 = an assistant message
@@ -97,7 +97,8 @@ async def run_episode(
     limits: EpisodeLimits,
     system_prompt: str | None = None,
 ) -> Episode:
-    """Roll out ``task`` turn by turn; never raises on anything the model writes."""
+    """Roll out ``task`` turn by turn; never raises on anything the model writes. An ``EnvError``
+    from ``env`` (its tool actor or simulator died) ends the episode with ``ENV_ERROR``."""
     stream = _Stream(formatter.prompt_ids(system_prompt, task.visible_tools(0), task.turns[0].user))
     prompt_len = len(stream.ids)
     passed: list[bool] = []
@@ -149,7 +150,11 @@ async def run_episode(
                 answer = parsed.content
                 break
             t0 = time.perf_counter()
-            observations = await env.execute(parsed.calls) if parsed.calls else []
+            try:
+                observations = await env.execute(parsed.calls) if parsed.calls else []
+            except EnvError:
+                termination = ENV_ERROR
+                break
             env_s += time.perf_counter() - t0
             for call, obs in zip(parsed.calls, observations):
                 results.append((call, obs))
@@ -164,7 +169,11 @@ async def run_episode(
         if not finished_turn:
             break
         t0 = time.perf_counter()
-        passed.append(bool(await env.end_turn(u, results)))
+        try:
+            passed.append(bool(await env.end_turn(u, results)))
+        except EnvError:
+            termination = ENV_ERROR
+            break
         env_s += time.perf_counter() - t0
 
     return Episode(

@@ -244,6 +244,9 @@ class RuntimeConfig(Section):
     rollout_worker_resources: dict[NonEmptyStr, NonNegFloat] = Field(default_factory=dict)
     # How new weights reach the rollout engines: Ray object store or NCCL broadcast (GPU only).
     weight_sync: Literal["object_store", "nccl"] = "object_store"
+    # Times Ray restarts a dead rollout worker, tool-pool actor or SGLS server (each); the driver
+    # re-issues a dead worker's undelivered groups. 0 = any actor death ends the run.
+    max_actor_restarts: NonNegInt = 3
 
 
 class Config(Section):

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import math
 import os
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import ray
 
-from agentrl.api import EXPLORER
+from agentrl.api import EXPLORER, POLICY
 from agentrl.config import Config
 from agentrl.config.schema import explorer_group_size
 
@@ -66,6 +69,32 @@ def resolve_model_path(cfg: Config) -> str:
     return str(path.resolve())
 
 
+@dataclass
+class RolloutCall:
+    """One pending ``RolloutWorker.rollout`` call and what it was given, so that the tasks of a
+    worker that died can be re-issued exactly (``RolloutScheduler``). ``result``: the fetched
+    (summaries, group refs), once fetched."""
+
+    worker: Any  # the actor handle (still valid after Ray restarts the actor)
+    worker_index: int
+    role: str
+    tasks: list
+    keys: list[str]
+    group_size: int
+    temperature: float
+    top_p: float
+    tag: int
+    ref: Any = None
+    result: Any = field(default=None, repr=False)
+
+    def launch(self) -> "RolloutCall":
+        """Start the call (again, after a restart) on its worker; returns self."""
+        self.result = None
+        self.ref = self.worker.rollout.remote(self.tasks, self.group_size, self.temperature, self.top_p, self.tag,
+                                              self.keys)
+        return self
+
+
 def shard(items: list, n: int) -> list[list]:
     """``items`` dealt round-robin into ``n`` lists (some empty when there are fewer than ``n``)."""
     return [items[i::n] for i in range(n)]
@@ -99,12 +128,14 @@ class RolloutSide:
         from agentrl.runtime.tool_pool import ToolPool, start_sgls_server
 
         rt = cfg.runtime
-        sgls = start_sgls_server(cfg, cfg.model.dtype)
+        sgls = start_sgls_server(cfg, cfg.model.dtype, max_restarts=rt.max_actor_restarts)
         pool = ToolPool.create(cfg.tools.num_actors, rt.tool_actor_cpus, cfg.tools.max_concurrency, sgls,
-                               cfg.tools.sgls, placement=cfg.tools.placement)
+                               cfg.tools.sgls, placement=cfg.tools.placement, max_restarts=rt.max_actor_restarts)
         rollout_cfg = cfg.rollout if rollout_cfg is None else rollout_cfg
+        # max_restarts: Ray restarts a dead worker; the driver rebuilds its engine (revive) and
+        # re-issues its undelivered groups. No task retries: a re-run needs the engine first.
         options = {"num_cpus": rt.rollout_worker_cpus, "num_gpus": rt.rollout_worker_gpus if engine else 0,
-                   "resources": dict(rt.rollout_worker_resources)}
+                   "resources": dict(rt.rollout_worker_resources), "max_restarts": rt.max_actor_restarts}
         workers = [
             RolloutWorker.options(**options).remote(model_path, rollout_cfg, cfg.model.dtype, pool, i,
                                                     weight_sync=weight_sync, rewards_cfg=cfg.rewards)
@@ -123,25 +154,59 @@ class RolloutSide:
         return cls(sgls, pool, workers, engine, explorers, g_b)
 
     def start(self) -> list[float]:
-        """Build every worker's engine (and tokenizer); returns each worker's start seconds."""
-        return ray.get([w.start.remote(engine=self.engine) for w in self.workers + self.explorers])
+        """Build every worker's engine (and tokenizer); returns each worker's start seconds. A
+        worker that dies meanwhile (restarted by Ray, ``runtime.max_actor_restarts``) is revived."""
+        workers = self.workers + self.explorers
+        out = []
+        for w, ref in zip(workers, [w.start.remote(engine=self.engine) for w in workers]):
+            try:
+                out.append(ray.get(ref))
+            except ray.exceptions.RayActorError as err:
+                print(f"recovery: a rollout worker died while starting ({type(err).__name__}); waiting for its restart",
+                      flush=True)
+                out.append(self.revive(w))
+        return out
 
-    def rollout(self, tasks: list, rollout_cfg, tag: int) -> list:
+    def rollout(self, tasks: list, rollout_cfg, tag: int) -> list[RolloutCall]:
         """Start ``rollout_cfg.group_size`` episodes per task, tasks split over the workers; returns
-        the pending calls (each resolves to (group summaries, group refs)). Worker ``i`` tags its
+        the pending calls (each ``ref`` resolves to (group summaries, group refs)). Worker ``i`` tags its
         groups ``tag + i`` (episode seeds). With RSPO the explorer's workers run G_B of each
         group's episodes and the policy's workers the rest; both parts carry the same mix key
         (the task's place in this step), which the learner merges them by."""
         keys = [f"{tag}/{k}" for k in range(len(tasks))]
         g_policy = rollout_cfg.group_size - self.explorer_episodes
         calls = []
-        for workers, size in ((self.workers, g_policy), (self.explorers, self.explorer_episodes)):
+        for workers, size, role, first in ((self.workers, g_policy, POLICY, 0),
+                                           (self.explorers, self.explorer_episodes, EXPLORER, len(self.workers))):
             if not workers or size <= 0:
                 continue
             parts = zip(workers, shard(tasks, len(workers)), shard(keys, len(workers)))
-            calls += [w.rollout.remote(part, size, rollout_cfg.temperature, rollout_cfg.top_p, tag + i, part_keys)
+            calls += [RolloutCall(w, first + i, role, part, part_keys, size, rollout_cfg.temperature, rollout_cfg.top_p,
+                                  tag + i).launch()
                       for i, (w, part, part_keys) in enumerate(parts) if part]
         return calls
+
+    def revive(self, worker, attempts: int = 30) -> float:
+        """Wait until Ray has restarted ``worker`` (a call to a restarting actor waits for it) and
+        rebuild its engine; returns the seconds that took. Raises the actor's error when it stays
+        dead (out of ``runtime.max_actor_restarts``)."""
+        t0 = time.perf_counter()
+        for attempt in range(attempts):
+            try:
+                ray.get(worker.start.remote(engine=self.engine))
+                return time.perf_counter() - t0
+            except ray.exceptions.ActorUnavailableError:
+                time.sleep(min(2.0, 0.2 * (attempt + 1)))  # restarting: not reachable yet
+            except ray.exceptions.RayActorError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(min(2.0, 0.2 * (attempt + 1)))  # the handle may not know of the restart yet
+        raise RuntimeError("rollout worker did not come back")
+
+    @staticmethod
+    def reissue(call: RolloutCall) -> RolloutCall:
+        """The call's tasks again, on its (restarted) worker."""
+        return call.launch()
 
     def evaluate(self, tasks: list, gold: bool = False) -> list[dict]:
         """One greedy episode (or the gold replay) per task, over all workers; per-task results."""
@@ -149,10 +214,28 @@ class RolloutSide:
         return [r for rs in ray.get(calls) for r in rs]
 
     def shutdown_workers(self) -> None:
-        ray.get([w.shutdown.remote() for w in self.workers + self.explorers])
+        _raise_first(_get_each([w.shutdown.remote() for w in self.workers + self.explorers]))
 
     def shutdown(self) -> None:
-        """Stop the engines, then the SGLS server's."""
-        self.shutdown_workers()
+        """Stop the engines, then the SGLS server's; an actor that fails to stop (e.g. dead for
+        good) does not keep the others running: the first error is raised after all were asked."""
+        errors = _get_each([w.shutdown.remote() for w in self.workers + self.explorers])
         if self.sgls is not None:
-            ray.get(self.sgls.shutdown.remote())
+            errors += _get_each([self.sgls.shutdown.remote()])
+        _raise_first(errors)
+
+
+def _get_each(refs: list) -> list[Exception]:
+    """``ray.get`` of every ref; returns the errors."""
+    errors = []
+    for ref in refs:
+        try:
+            ray.get(ref)
+        except Exception as err:  # noqa: BLE001 - returned
+            errors.append(err)
+    return errors
+
+
+def _raise_first(errors: list[Exception]) -> None:
+    if errors:
+        raise errors[0]

@@ -171,7 +171,8 @@ class Trainer:
         learner_version = ray.get(self.learner.get_version.remote())
         print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{learner_version})", flush=True)
         sync = make_weight_sync(rt.weight_sync, self.learner, self.workers, self.rollout_side.explorers)
-        self.scheduler = RolloutScheduler(self._launch_rollouts, sync, cfg.train.async_rollouts)
+        self.scheduler = RolloutScheduler(self._launch_rollouts, sync, cfg.train.async_rollouts,
+                                          revive=self.rollout_side.revive, reissue=self.rollout_side.reissue)
         self.metrics = MetricsSink(run_dir, cfg.telemetry, cfg.run.name, resume_after=resume.step if resume else None)
         self.trajectories = Trajectories(run_dir, model_path, cfg.telemetry.trajectories_every)
         self.timeline = Timeline()  # the driver's phase spans; trace.json at shutdown (telemetry.trace)
@@ -249,7 +250,7 @@ class Trainer:
         if self.rods is None:
             return None
         # RSPO: the boundary is the policy's, unless rspo.boundary_from_explorer
-        mine = [s for s in summaries if s.policy == POLICY or self.cfg.rspo.boundary_from_explorer]
+        mine = [s for s in summaries if s.outcome and (s.policy == POLICY or self.cfg.rspo.boundary_from_explorer)]
         return self.rods.observe.remote(step, [(s.task_id, s.progress) for s in mine])
 
     def _learn(self, step: int, n_groups: int, last: bool, timings: dict[str, float]) -> tuple[dict, bool]:
@@ -278,6 +279,9 @@ class Trainer:
     def _metrics(self, summaries: list[GroupSummary], learn: dict, observed, timings: dict[str, float]) -> dict[str, float]:
         """Phase 5: the step's metrics (``telemetry.summaries.step_metrics``) plus the actors' own."""
         m = step_metrics(summaries, timings, learn, self.version)
+        m.update(self.scheduler.pop_recoveries())  # recovery/worker_restarts, recovery/reissued_groups
+        if m["train/env_failures"]:
+            print(f"recovery: {m['train/env_failures']:.0f} episode(s) dropped: their environment failed", flush=True)
         m.update({f"buffer/{k}": float(v) for k, v in ray.get(self.buffer.stats.remote()).items()})
         if self.sgls is not None:  # simulated tool calls, cache hit rate within groups, retries
             m.update({f"sgls/{k}": float(v) for k, v in ray.get(self.sgls.stats.remote()).items()})
@@ -317,14 +321,27 @@ class Trainer:
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / POOL_STATE).write_text(json.dumps(ray.get(self.rods.state_dict.remote())))
 
-    def shutdown(self) -> None:
-        self.trajectories.close()  # while the rollout workers, which own the groups, still live
-        self.write_trace()
+    def shutdown(self, raise_errors: bool = True) -> None:
+        """Flush and stop everything. Every part runs even when one before it fails; failures are
+        logged, and the first is raised only with ``raise_errors``: never while the run's own
+        error propagates (it would mask it)."""
+        errors = []
+        # the trajectories first: the rollout workers, which own the groups, still live
+        for name, part in (("trajectories", self.trajectories.close), ("trace", self.write_trace),
+                           ("rods", self._stop_rods), ("rollout side", self.rollout_side.shutdown),
+                           ("metrics", self.metrics.close)):
+            try:
+                part()
+            except Exception as err:  # noqa: BLE001 - logged; raised below unless an error is in flight
+                print(f"warning: shutdown: {name} failed: {type(err).__name__}: {err}", flush=True)
+                errors.append(err)
+        if errors and raise_errors:
+            raise errors[0]
+
+    def _stop_rods(self) -> None:
         if self.rods is not None:
             ray.get(self.rods.shutdown.remote())
             self.drain_pool_log()  # jobs that finished after the last step
-        self.rollout_side.shutdown()
-        self.metrics.close()
 
 
 def train(cfg: Config, config_path: str | None = None, resume: str | Path | None = None) -> dict:
@@ -346,18 +363,47 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
 
     owns_ray = init_ray(cfg)
     t_start = time.perf_counter()
-    trainer = Trainer(cfg, run_dir, tasks, resume=checkpoint)
+    try:
+        trainer = Trainer(cfg, run_dir, tasks, resume=checkpoint)
+    except BaseException:
+        if owns_ray:
+            ray.shutdown()
+        raise
     try:
         evals = _run(trainer, cfg, run_dir, t_start)
-    finally:
-        trainer.shutdown()
-        if owns_ray:
-            ray.shutdown()  # before the summary, so no actor log lands after the last line
-    (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))
-    write_report(run_dir)
+    except BaseException as err:
+        # the run's own error is what propagates; first what can be written is: the metrics so
+        # far (closed by shutdown), the evaluations done, the report
+        print(f"error: the run failed: {type(err).__name__}: {err}", flush=True)
+        _close(trainer, owns_ray, raise_errors=False)
+        _write_results(run_dir, trainer.evals, write_report, strict=False)
+        raise
+    _close(trainer, owns_ray)
+    _write_results(run_dir, evals, write_report)
     print(f"training took {(time.perf_counter() - t_start) / 60:.1f} min; metrics in {run_dir}", flush=True)
     _print_evals(evals)
     return evals
+
+
+def _close(trainer: Trainer, owns_ray: bool, raise_errors: bool = True) -> None:
+    try:
+        trainer.shutdown(raise_errors=raise_errors)
+    finally:
+        if owns_ray:
+            ray.shutdown()  # before the summary, so no actor log lands after the last line
+
+
+def _write_results(run_dir: Path, evals: dict, write_report, strict: bool = True) -> None:
+    """``evals.json`` and ``report.png``; with ``strict=False`` (after a failure) a failing
+    write is logged, not raised."""
+    for name, write in (("evals.json", lambda: (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))),
+                        ("report.png", lambda: write_report(run_dir))):
+        try:
+            write()
+        except Exception as err:  # noqa: BLE001 - logged when strict=False
+            if strict:
+                raise
+            print(f"warning: {name} not written: {type(err).__name__}: {err}", flush=True)
 
 
 def _make_run_dir(cfg: Config, config_path: str | None) -> Path:

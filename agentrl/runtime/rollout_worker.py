@@ -18,7 +18,7 @@ import ray
 from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy
-from agentrl.api import POLICY, Episode, EpisodeGroup, Generation, GroupRef, GroupSummary
+from agentrl.api import ENV_ERROR, POLICY, EnvError, Episode, EpisodeGroup, Generation, GroupRef, GroupSummary
 from agentrl.rewards.behaviours import behaviour_counts
 from agentrl.rewards.hierr import HierRWeights
 from agentrl.rewards.scoring import apply_summary, score_episode, seen_context
@@ -50,7 +50,18 @@ def redundant_calls(calls_log: list[list[dict]]) -> int:
     return n
 
 
-def group_summary(group: EpisodeGroup) -> GroupSummary:
+def keep_trainable(eps: list[Episode | None]) -> list[Episode]:
+    """The episodes whose environment answered: those that ended with ``ENV_ERROR`` (or, None,
+    could not open a session) are dropped; never trained on as if the tool had answered."""
+    return [e for e in eps if e is not None and e.termination != ENV_ERROR]
+
+
+def dropped_summary(task_id: str, version: int, n: int, policy: str) -> GroupSummary:
+    """The summary of a group whose every episode was dropped (no group is stored)."""
+    return GroupSummary(task_id, version, [], [], {}, 0, 0, 0, 0, 0.0, 0.0, 0.0, policy=policy, env_failures=n)
+
+
+def group_summary(group: EpisodeGroup, env_failures: int = 0) -> GroupSummary:
     eps = group.episodes
     return GroupSummary(
         task_id=group.task_id,
@@ -67,6 +78,7 @@ def group_summary(group: EpisodeGroup) -> GroupSummary:
         env_seconds=sum(e.env_seconds for e in eps),
         wall_seconds=group.wall_seconds,
         policy=group.policy,
+        env_failures=env_failures,
     )
 
 
@@ -144,18 +156,26 @@ class RolloutWorker:
             score = episode_summary_reward(ep.answers, facts, context, ep.n_turns, self.rewards_cfg.summary_max_chars)
         apply_summary(ep, score)
 
-    async def _episode(self, task: Task, sampling, group_id: str, judge: bool = True, gold: bool = False) -> Episode:
+    async def _episode(self, task: Task, sampling, group_id: str, judge: bool = True, gold: bool = False) -> Episode | None:
         """One episode through the tool pool: sampled by the engine, or (``gold``) the
-        task's scripted gold conversation replayed through the same loop and checks."""
-
-        session = await self.pool.open(f"{group_id}/{uuid.uuid4().hex[:8]}", task)
+        task's scripted gold conversation replayed through the same loop and checks. None when
+        no session could be opened (its tool actor is dead); ``termination == ENV_ERROR`` when
+        the environment failed mid-episode."""
+        session_id = f"{group_id}/{uuid.uuid4().hex[:8]}"
+        try:
+            session = await self.pool.open(session_id, task)
+        except EnvError as err:
+            print(f"episode {session_id} dropped: {err}", flush=True)
+            return None
         policy = GoldPolicy(task, self.formatter) if gold else _EnginePolicy(self.engine, sampling, self.formatter.eos_token_ids)
         try:
             ep = await run_episode(task, policy, session, self.formatter, self.limits)
         finally:
             await session.close()
+        if ep.termination == ENV_ERROR:
+            print(f"episode {session_id} dropped: its environment failed mid-episode", flush=True)
         self._score(ep, task)
-        if self.judge is not None and judge:
+        if self.judge is not None and judge and ep.termination != ENV_ERROR:
             await self._judge(ep, task)
         ep.policy_version = self.version
         ep.group_id = group_id
@@ -166,25 +186,31 @@ class RolloutWorker:
                       tag: int, mix_keys: list[str] | None = None) -> tuple[list[GroupSummary], list[GroupRef]]:
         """G episodes per task, all concurrent. Each ``EpisodeGroup`` goes into the object store
         from here; returns the groups' summaries and refs. ``mix_keys`` (one per task): groups
-        of other workers with the same key are parts of the same group (RSPO's explorer)."""
+        of other workers with the same key are parts of the same group (RSPO's explorer).
+        Episodes whose environment failed are dropped from their group before it is stored and
+        counted in its summary (``env_failures``); a group left empty is not stored at all (its
+        summary, with no episodes, still carries the count)."""
         from agentrl.engines.vllm_engine import SamplingConfig
 
         t0 = time.perf_counter()
 
-        async def group(task: Task, mix_key: str) -> EpisodeGroup:
+        async def group(task: Task, mix_key: str) -> tuple[GroupSummary, GroupRef | None]:
             gid = f"{task.id}@v{self.version}#{tag}" + ("" if self.role == POLICY else f"/{self.role}")
             version = self.version  # weights never change while a rollout call runs (RolloutScheduler)
-            eps = await asyncio.gather(
+            eps = keep_trainable(await asyncio.gather(
                 *[self._episode(task, SamplingConfig(temperature, top_p), gid) for _ in range(group_size)]
-            )
+            ))
+            if not eps:
+                return dropped_summary(task.id, version, group_size, self.role), None
             # wall_seconds: from the call's start to this group's end (the slowest group = the call's
             # generation time, which the driver cannot see when it overlaps learning)
-            return EpisodeGroup(task.id, gid, version, list(eps), wall_seconds=time.perf_counter() - t0, policy=self.role,
-                                mix_key=mix_key)
+            g = EpisodeGroup(task.id, gid, version, eps, wall_seconds=time.perf_counter() - t0, policy=self.role,
+                             mix_key=mix_key)
+            return group_summary(g, group_size - len(eps)), GroupRef(ray.put(g), g.version, g.task_id)
 
         keys = mix_keys if mix_keys is not None else [""] * len(tasks)
         groups = await asyncio.gather(*[group(t, k) for t, k in zip(tasks, keys, strict=True)])
-        return [group_summary(g) for g in groups], [GroupRef(ray.put(g), g.version, g.task_id) for g in groups]
+        return [s for s, _ in groups], [r for _, r in groups if r is not None]
 
     async def evaluate(self, tasks: list[Task], gold: bool = False) -> list[dict]:
         """Greedy decoding (or the gold replay), one episode per task; returns per-task results."""
@@ -192,6 +218,9 @@ class RolloutWorker:
 
         eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature=0.0), f"eval/{t.id}", judge=False, gold=gold)
                                    for t in tasks])
+        # an episode that could not open its session is left out (scored episodes that ended
+        # with ENV_ERROR stay: a failed evaluation episode, visible in its termination)
+        eps, tasks = [e for e in eps if e is not None], [t for e, t in zip(eps, tasks) if e is not None]
         return [
             {"task_id": e.task_id, "category": t.category, "outcome": e.rewards["outcome"], "progress": e.rewards["progress"],
              "turn_passed": e.turn_passed, "n_turns": e.n_turns, "calls": e.n_call_blocks, "valid_calls": e.n_valid_calls,

@@ -20,6 +20,14 @@ Before an evaluation or the end of a run, ``sync`` brings the engines to the lea
 weights; rollouts in flight are waited for first, and kept for their step unless
 ``discard_in_flight`` (no step will use them).
 
+**A worker that dies** (``RayActorError``) loses the groups of its call, and only those: each
+pending call remembers the tasks it was given (``cluster.RolloutCall``). When fetching a call
+finds its worker dead, ``recover`` (given by the driver) waits for Ray to restart the actor
+(``runtime.max_actor_restarts``), rebuilds its engine, and the scheduler loads the weights the
+engines should have into it, before the call's tasks are re-issued to it (``collect``). Every
+other call's groups are kept as delivered, so each task of a step is trained once. A worker
+out of restarts raises its ``RayActorError`` and ends the run.
+
 A checkpoint keeps what ``pending`` returns (the in-flight rollouts' results, the version due)
 and a resumed run hands it back to ``restore``, so async mode resumes one step off-policy exactly
 where it stopped.
@@ -27,6 +35,7 @@ where it stopped.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import ray
@@ -34,19 +43,52 @@ import ray
 NO_LOAD_IN_FLIGHT = "never load weights while an episode is in flight"
 
 
+def collect(calls: list, fetch: Callable, recover: Callable, dead: tuple[type[BaseException], ...]) -> list:
+    """Every call's result, in order. A call whose ``fetch`` raises one of ``dead`` (its worker
+    died) is replaced by ``recover(call)`` (the same tasks, re-issued) and fetched again; the other
+    calls' results are kept. ``calls`` is updated in place, so a caller sees the re-issued calls.
+    Each call's ``result`` is kept on it: a call fetched once is never fetched (or re-issued) again."""
+    out = []
+    for i in range(len(calls)):
+        while calls[i].result is None:
+            try:
+                calls[i].result = fetch(calls[i].ref)
+            except dead:
+                calls[i] = recover(calls[i])
+        out.append(calls[i].result)
+    return out
+
+
+class Finished:
+    """A rollout call restored from a checkpoint: its result is there, nothing to wait for."""
+
+    ref = None
+
+    def __init__(self, result):
+        self.result = result
+
+
 class RolloutScheduler:
     """Owns the rollout calls in flight and the learner version the engines still have to load.
 
-    ``launch(step)``: start step ``step``'s rollouts, returning the pending Ray calls.
-    ``weight_sync``: an object with ``sync(version)`` (``weight_sync/``).
+    ``launch(step)``: start step ``step``'s rollouts, returning the pending calls
+    (``cluster.RolloutCall``: ``ref``, ``result``, ``tasks``, ``worker``, ``role``).
+    ``weight_sync``: an object with ``sync(version)`` and ``load_into(worker, role, version)``
+    (``weight_sync/``). ``revive(worker)``: wait until a dead worker is restarted and rebuild its
+    engine; ``reissue(call)``: the call's tasks launched again on its worker (both
+    ``cluster.RolloutSide``; without them a dead worker's error ends the run).
     """
 
-    def __init__(self, launch: Callable[[int], list], weight_sync, async_rollouts: bool):
+    def __init__(self, launch: Callable[[int], list], weight_sync, async_rollouts: bool,
+                 revive: Callable | None = None, reissue: Callable | None = None):
         self._launch = launch
         self._weight_sync = weight_sync
         self.async_rollouts = async_rollouts
+        self._revive, self._reissue = revive, reissue
         self.in_flight: list = []  # rollout calls launched and not yet taken by their step
         self._due: int | None = None  # a learner version the engines have not loaded yet
+        self.version = 0  # the version the engines hold
+        self.recoveries: Counter = Counter()  # worker_restarts, reissued_groups (``pop_recoveries``)
 
     @property
     def sync_due(self) -> bool:
@@ -59,7 +101,7 @@ class RolloutScheduler:
         if not self.in_flight:
             self.sync()
             self.in_flight = self._launch(step)
-        results = ray.get(self.in_flight)
+        results = self._collect()
         self.in_flight = []
         return results
 
@@ -84,7 +126,8 @@ class RolloutScheduler:
 
         The waited-for results stay for their step, unless ``discard_in_flight``."""
         if self.in_flight:
-            ray.wait(self.in_flight, num_returns=len(self.in_flight))
+            # a dead worker is revived here too: the load below needs its engine
+            self._collect(reissue=not discard_in_flight)
             if discard_in_flight:
                 self.in_flight = []
         if self._due is not None:
@@ -96,12 +139,12 @@ class RolloutScheduler:
         """(results of the rollout calls in flight, waited for but left for their step; the
         version due to load, or None): what a checkpoint must keep of the scheduler. Async mode
         only has either: step k+1's rollouts on the weights before k's update, and that update."""
-        return (ray.get(self.in_flight) if self.in_flight else []), self._due
+        return (self._collect() if self.in_flight else []), self._due  # a dead worker's recovered first
 
     def restore(self, results: list, due: int | None) -> None:
         """Back to ``pending``'s state; ``results`` (one per rollout call) are taken by the next
         ``take`` as if their calls had just finished. Sync mode loads ``due`` at once."""
-        self.in_flight = [ray.put(r) for r in results]
+        self.in_flight = [Finished(r) for r in results]
         self._due = due
         if not self.async_rollouts and due is not None:
             self.sync()
@@ -111,11 +154,45 @@ class RolloutScheduler:
         if not self.in_flight:
             return []
         # fetch_local=False: a call counts as done when it has finished, wherever its result is
-        _, not_ready = ray.wait(self.in_flight, num_returns=len(self.in_flight), timeout=0, fetch_local=False)
+        refs = [c.ref for c in self.in_flight if c.result is None]
+        if not refs:
+            return []
+        _, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         return not_ready
+
+    def pop_recoveries(self) -> dict[str, float]:
+        """``recovery/worker_restarts`` and ``recovery/reissued_groups`` since the last call."""
+        out = {f"recovery/{k}": float(self.recoveries[k]) for k in ("worker_restarts", "reissued_groups")}
+        self.recoveries.clear()
+        return out
+
+    def _collect(self, reissue: bool = True) -> list:
+        """The in-flight calls' results; a dead worker's call is recovered (``_recover``)."""
+        if self._revive is None:  # nothing can be revived: a dead worker's error propagates
+            return collect(self.in_flight, ray.get, lambda c: c, ())
+        return collect(self.in_flight, ray.get, lambda c: self._recover(c, reissue), (ray.exceptions.RayActorError,))
+
+    def _recover(self, call, reissue: bool = True):
+        """A dead worker: restarted, its engine rebuilt and given the weights the engines should
+        have; then its call's tasks re-issued (or, ``reissue=False``, the call marked done empty)."""
+        n = len(call.tasks)
+        print(f"recovery: rollout worker {call.worker_index} died with {n} group(s) undelivered; "
+              f"waiting for its restart", flush=True)
+        seconds = self._revive(call.worker)
+        version = self._due if self._due is not None else self.version  # the learner's weights
+        self._weight_sync.load_into(call.worker, call.role, version)
+        self.recoveries["worker_restarts"] += 1
+        if not reissue:
+            call.result = ([], [])
+            return call
+        self.recoveries["reissued_groups"] += n
+        print(f"recovery: rollout worker {call.worker_index} back ({seconds:.0f}s, weights v{version}); "
+              f"re-issued its {n} group(s)", flush=True)
+        return self._reissue(call)
 
     def _load_weights(self, version: int) -> None:
         running = self.running()
         if running:
             raise RuntimeError(f"{NO_LOAD_IN_FLIGHT}: {len(running)} rollout call(s) still running")
         self._weight_sync.sync(version)
+        self.version = version

@@ -24,6 +24,7 @@ from typing import Any
 
 import ray
 
+from agentrl.api import EnvError
 from agentrl.envs.sgls.backend import ToolSimulator
 from agentrl.envs.sgls.cache import SimulationCache
 from agentrl.llm.adapters import BackgroundLoop, EngineLLM, OpenAILLM
@@ -109,8 +110,9 @@ class RemoteSimulator:
     """The simulator an ``SGLSBackend`` uses on a cluster: ``SGLSServer.simulate`` via ``ray.get``.
 
     Picklable (it holds only the actor handle), so a factory closing over it can be shipped to
-    every tool-pool actor. ``timeout_s`` bounds one call; a timeout or a dead server raises here
-    and the backend turns it into an error observation.
+    every tool-pool actor. ``timeout_s`` bounds one call; a timeout or a dead server raises
+    ``EnvError``, which ends the episode (``ENV_ERROR``: dropped, counted). The server has
+    ``max_restarts`` (``runtime.max_actor_restarts``): later calls wait for the restarted one.
     """
 
     def __init__(self, server, timeout_s: float | None = 300):
@@ -125,7 +127,10 @@ class RemoteSimulator:
         if isinstance(tool_spec, ToolSpec):
             tool_spec = tool_spec.model_dump()
         ref = self.server.simulate.remote(task_id, history, call, tool_spec, initial_state, seed)
-        return ray.get(ref, timeout=self.timeout_s)
+        try:
+            return ray.get(ref, timeout=self.timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
+            raise EnvError(f"SGLS server unavailable: {type(err).__name__}: {err}") from err
 
     def stats(self) -> dict[str, float]:
         return ray.get(self.server.stats.remote(), timeout=self.timeout_s)

@@ -21,6 +21,7 @@ from typing import Any
 
 import ray
 
+from agentrl.api import EnvError
 from agentrl.envs.registry import register_backend
 from agentrl.envs.session import LocalEnvSession
 from agentrl.tasks.schema import Task, ToolCall
@@ -30,7 +31,7 @@ from agentrl.tasks.schema import Task, ToolCall
 class ToolBackendActor:
     def __init__(self, sgls_server=None, sgls_seed: int | None = None, sgls_timeout_s: float = 300.0) -> None:
         self.sessions: dict[str, LocalEnvSession] = {}
-        self.calls = 0
+        self.calls = self.opened = 0
         if sgls_server is not None:
             # Tasks with backend "sgls" get a session answered by the cluster's SGLS server (one
             # per run, so every episode of a group shares its cache wherever it runs).
@@ -41,36 +42,55 @@ class ToolBackendActor:
 
     def open(self, session_id: str, task: Task) -> None:
         self.sessions[session_id] = LocalEnvSession(task)
+        self.opened += 1
+
+    def _session(self, session_id: str) -> LocalEnvSession:
+        session = self.sessions.get(session_id)
+        if session is None:  # opened on this actor before Ray restarted it: its state is gone
+            raise EnvError(f"session {session_id} lost: the tool actor was restarted")
+        return session
 
     def execute(self, session_id: str, calls: list[ToolCall]) -> list[Any]:
         self.calls += len(calls)
-        return self.sessions[session_id].execute_sync(calls)
+        return self._session(session_id).execute_sync(calls)
 
     def end_turn(self, session_id: str, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
-        return self.sessions[session_id].end_turn_sync(turn_index, results)
+        return self._session(session_id).end_turn_sync(turn_index, results)
 
     def close(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)
 
     def stats(self) -> dict[str, int]:
-        return {"open_sessions": len(self.sessions), "calls": self.calls}
+        return {"open_sessions": len(self.sessions), "opened": self.opened, "calls": self.calls}
+
+
+async def _remote(ref):
+    """Await a tool-actor call; the actor's death is the environment's failure (``EnvError``)."""
+    try:
+        return await ref
+    except ray.exceptions.RayActorError as err:
+        raise EnvError(f"tool actor died: {type(err).__name__}: {err}") from err
 
 
 class RemoteEnvSession:
-    """``agentrl.agent.episode.EnvSession`` backed by a tool-pool actor."""
+    """``agentrl.agent.episode.EnvSession`` backed by a tool-pool actor. When the actor dies (or
+    Ray restarted it, losing the session), calls raise ``EnvError``."""
 
     def __init__(self, actor, session_id: str):
         self.actor = actor
         self.session_id = session_id
 
     async def execute(self, calls: list[ToolCall]) -> list[Any]:
-        return await self.actor.execute.remote(self.session_id, calls)
+        return await _remote(self.actor.execute.remote(self.session_id, calls))
 
     async def end_turn(self, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
-        return await self.actor.end_turn.remote(self.session_id, turn_index, results)
+        return await _remote(self.actor.end_turn.remote(self.session_id, turn_index, results))
 
     async def close(self) -> None:
-        await self.actor.close.remote(self.session_id)
+        try:
+            await _remote(self.actor.close.remote(self.session_id))
+        except EnvError:
+            pass  # the actor died: nothing left to free
 
 
 PLACEMENTS = ("in_process", "pool")
@@ -91,14 +111,15 @@ class ToolPool:
 
     @classmethod
     def create(cls, num_actors: int, num_cpus: float, max_concurrency: int, sgls_server=None, sgls_cfg=None,
-               placement: str = "in_process") -> "ToolPool":
+               placement: str = "in_process", max_restarts: int = 0) -> "ToolPool":
         """Start the actors only when something will run on them (placement ``pool``, or an SGLS
-        server to reach): idle actors would still cost a process each."""
+        server to reach): idle actors would still cost a process each. ``max_restarts``: Ray
+        restarts a dead actor (its sessions are lost: their episodes end with ``ENV_ERROR``)."""
         if placement == "in_process" and sgls_server is None:
             return cls([], placement)
         seed = sgls_cfg.seed if sgls_cfg is not None else None
         timeout = sgls_cfg.request_timeout_s if sgls_cfg is not None else 300.0
-        actor = ToolBackendActor.options(num_cpus=num_cpus, max_concurrency=max_concurrency)
+        actor = ToolBackendActor.options(num_cpus=num_cpus, max_concurrency=max_concurrency, max_restarts=max_restarts)
         return cls([actor.remote(sgls_server, seed, timeout) for _ in range(num_actors)], placement)
 
     def in_process(self, task: Task) -> bool:
@@ -110,12 +131,13 @@ class ToolPool:
         if not self.actors:  # in_process without tools.sgls: no actor was started
             raise ValueError(f"task {task.id!r}: backend {task.backend!r} needs tools.sgls, which is not configured")
         actor = self.actors[zlib.crc32(session_id.encode()) % len(self.actors)]
-        await actor.open.remote(session_id, task)
+        await _remote(actor.open.remote(session_id, task))
         return RemoteEnvSession(actor, session_id)
 
 
-def start_sgls_server(cfg, dtype: str = "float32"):
-    """The run's SGLS server actor from ``tools.sgls`` (None when not configured)."""
+def start_sgls_server(cfg, dtype: str = "float32", max_restarts: int = 0):
+    """The run's SGLS server actor from ``tools.sgls`` (None when not configured). ``max_restarts``:
+    Ray restarts a dead server (its engine is rebuilt, its cache starts empty)."""
     sc = cfg.tools.sgls
     if sc is None:
         return None
@@ -124,7 +146,7 @@ def start_sgls_server(cfg, dtype: str = "float32"):
 
     common = dict(temperature=sc.temperature, max_tokens=sc.max_tokens, cache_size=sc.cache_size, max_retries=sc.max_retries,
                   max_state_chars=sc.max_state_chars)
-    actor = SGLSServer.options(num_cpus=sc.num_cpus, num_gpus=sc.num_gpus)
+    actor = SGLSServer.options(num_cpus=sc.num_cpus, num_gpus=sc.num_gpus, max_restarts=max_restarts)
     if sc.model_path is not None:
         return actor.remote(model_path=sc.model_path, engine_cfg=sc.engine, dtype=dtype, engine_seed=sc.engine.seed, **common)
     return actor.remote(endpoint=LLMEndpoint.from_config(sc.endpoint), **common)

@@ -294,6 +294,11 @@ class NcclWeightSync:
         lref = self.learner.nccl_broadcast.remote()
         self._wait(lref, wrefs, f"sync to v{version}")
 
+    def load_into(self, worker, role: str, version: int) -> None:
+        """A restarted worker would have to rejoin the NCCL group: not built, so its death ends the run."""
+        raise RuntimeError("runtime.weight_sync=nccl cannot bring a restarted rollout worker up to date "
+                           "(it would have to rejoin the NCCL group); use object_store for worker recovery")
+
 
 __all__ = [
     "CUDA_REQUIRED", "NcclSender", "NcclWeightSync", "checked", "cluster_has_cuda", "engine_weight_transfer_kwargs",

@@ -44,3 +44,12 @@ class ObjectStoreWeightSync:
             if explorer_box is not None:  # the explorer derived from this version
                 loads += [w.load_weights.remote(explorer_box[0], version) for w in self.explorers]
         ray.get(loads)
+
+    def load_into(self, worker, role: str, version: int) -> None:
+        """The learner's current weights (``version``) into one worker, restarted after it died.
+        A restarted RSPO explorer worker cannot be brought back: the explorer's weights are
+        published only when re-derived (not built)."""
+        if role != "policy":
+            raise RuntimeError(f"a restarted {role} worker cannot be given the {role}'s weights (not built)")
+        box = ray.get(self.learner.publish_weights.remote())
+        ray.get(worker.load_weights.remote(box[0], version))

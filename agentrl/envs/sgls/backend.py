@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
+from agentrl.api import EnvError
 from agentrl.envs.checker import TurnCheck
 from agentrl.envs.sgls.cache import SimulationCache, cache_key, canonical_json, history_entry
 from agentrl.envs.sgls.validate import GENERIC_OUTPUT_SCHEMA, validate_call, validate_output
@@ -204,7 +205,9 @@ class SGLSBackend:
         try:
             response = self.simulator.simulate(self.task.id, copy.deepcopy(self._history), call,
                                                self._specs[call.name], self.task.initial_state, self.seed)
-        except Exception as exc:  # noqa: BLE001 - e.g. the tool-pool actor died; never raise into the episode
+        except EnvError:
+            raise  # the simulator itself is gone: the episode ends (ENV_ERROR), never trained on
+        except Exception as exc:  # noqa: BLE001 - anything else: an error observation, never a raise
             response = {"error": f"simulator unavailable for {call.name}: {type(exc).__name__}: {exc}"}
         self._history.append(history_entry(call, copy.deepcopy(response)))
         return response

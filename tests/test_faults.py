@@ -1,0 +1,241 @@
+"""Fault handling without a cluster: which rollout calls are re-issued when a worker dies, the
+scheduler's recovery steps, episodes whose environment failed, and their counts in the metrics.
+The real thing (a worker and a tool actor killed mid-run) is in test_integration.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentrl.api import ENV_ERROR, EnvError, GroupSummary
+from agentrl.runtime import scheduler as scheduler_mod
+from agentrl.runtime.scheduler import RolloutScheduler, collect
+
+
+class Dead(Exception):
+    """Stands in for ray.exceptions.RayActorError."""
+
+
+class Call:
+    """A pending rollout call with its tasks (as cluster.RolloutCall); ``dies``: times fetching it fails."""
+
+    def __init__(self, worker_index: int, tasks: list[str], dies: int = 0):
+        self.worker_index, self.worker, self.role, self.tasks, self.dies = worker_index, f"w{worker_index}", "policy", tasks, dies
+        self.ref, self.result, self.launches = self, None, 1
+
+
+def fetch(call: Call):
+    if call.dies:
+        call.dies -= 1
+        raise Dead
+    return [f"{t}@launch{call.launches}" for t in call.tasks]
+
+
+def relaunch(call: Call) -> Call:
+    call.launches += 1
+    return call
+
+
+def test_collect_reissues_exactly_the_dead_workers_calls():
+    calls = [Call(0, ["a", "c"]), Call(1, ["b", "d"], dies=1), Call(2, ["e"], dies=2)]
+    reissued = []
+    results = collect(calls, fetch, lambda c: reissued.append(c.worker_index) or relaunch(c), (Dead,))
+    # every task delivered once, from the call that finished; only the dead calls went out again
+    assert results == [["a@launch1", "c@launch1"], ["b@launch2", "d@launch2"], ["e@launch3"]]
+    assert reissued == [1, 2, 2]
+    assert collect(calls, fetch, relaunch, (Dead,)) == results  # fetched once: never re-issued again
+
+
+def test_collect_without_recovery_lets_the_error_through():
+    with pytest.raises(Dead):
+        collect([Call(0, ["a"], dies=1)], fetch, relaunch, ())
+
+
+class FakeRay:
+    class exceptions:
+        RayActorError = Dead
+
+    @staticmethod
+    def get(ref):
+        return fetch(ref)
+
+    @staticmethod
+    def wait(refs, num_returns=1, timeout=None, fetch_local=True):
+        return refs, []
+
+
+class Engines:
+    def __init__(self):
+        self.loads, self.into = [], []
+
+    def sync(self, version):
+        self.loads.append(version)
+
+    def load_into(self, worker, role, version):
+        self.into.append((worker, role, version))
+
+
+@pytest.mark.parametrize("async_rollouts", [False, True])
+def test_a_dead_worker_is_revived_given_the_learners_weights_and_its_tasks_reissued(monkeypatch, async_rollouts):
+    monkeypatch.setattr(scheduler_mod, "ray", FakeRay)
+    engines, revived = Engines(), []
+    launches = {1: [Call(0, ["a"]), Call(1, ["b"])], 2: [Call(0, ["c"]), Call(1, ["d"], dies=1)]}
+    s = RolloutScheduler(launches.get, engines, async_rollouts, revive=lambda w: revived.append(w) or 1.0,
+                         reissue=relaunch)
+    assert s.take(1) == [["a@launch1"], ["b@launch1"]]
+    s.prefetch(2, allowed=True)
+    s.updated(1)  # sync mode loads v1 now; async mode holds it back until step 2's rollouts are in
+    assert s.take(2) == [["c@launch1"], ["d@launch2"]]
+    assert revived == ["w1"] and engines.into == [("w1", "policy", 1)]  # the learner's newest weights
+    assert s.pop_recoveries() == {"recovery/worker_restarts": 1.0, "recovery/reissued_groups": 1.0}
+    assert s.pop_recoveries() == {"recovery/worker_restarts": 0.0, "recovery/reissued_groups": 0.0}
+
+
+def test_discarded_rollouts_of_a_dead_worker_are_not_reissued_but_its_engine_is_rebuilt(monkeypatch):
+    monkeypatch.setattr(scheduler_mod, "ray", FakeRay)
+    engines, revived = Engines(), []
+    launches = {1: [Call(0, ["a"])], 2: [Call(0, ["b"], dies=1)]}
+    s = RolloutScheduler(launches.get, engines, True, revive=lambda w: revived.append(w) or 1.0, reissue=relaunch)
+    s.take(1)
+    s.prefetch(2, allowed=True)
+    s.updated(1)
+    s.sync(discard_in_flight=True)  # the end of the run: the weight load needs the revived engine
+    assert revived == ["w0"] and engines.loads == [1] and not s.in_flight
+    assert s.pop_recoveries() == {"recovery/worker_restarts": 1.0, "recovery/reissued_groups": 0.0}
+
+
+def _summary(outcomes: list[float], failures: int = 0) -> GroupSummary:
+    return GroupSummary("t", 0, outcomes, outcomes, {"process": 0.5} if outcomes else {}, 10 * len(outcomes), 0, 0, 0,
+                        1.0, 0.0, 1.0, env_failures=failures)
+
+
+def test_dropped_episodes_are_counted_and_in_no_other_number():
+    from agentrl.runtime.rollout_worker import dropped_summary
+    from agentrl.telemetry.summaries import step_metrics
+
+    timings = {k: 0.0 for k in ("rollout_wait", "sync", "learn", "step")}
+    m = step_metrics([_summary([1.0, 0.0, 1.0], failures=1), dropped_summary("u", 0, 4, "policy")], timings, {}, 1)
+    assert m["train/env_failures"] == m["recovery/dropped_episodes"] == 5
+    assert m["train/episodes"] == 3 and m["train/success"] == pytest.approx(2 / 3) and m["reward/process"] == 0.5
+
+
+def test_keep_trainable_drops_failed_environments():
+    from types import SimpleNamespace
+
+    from agentrl.runtime.rollout_worker import keep_trainable
+
+    eps = [SimpleNamespace(termination=t) for t in ("done", ENV_ERROR, "length")] + [None]
+    assert [e.termination for e in keep_trainable(eps)] == ["done", "length"]
+
+
+@pytest.fixture(scope="module")
+def formatter(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from agentrl.agent.chat import ChatFormatter
+
+    return ChatFormatter(AutoTokenizer.from_pretrained(str(tiny_model_dir)))
+
+
+def test_an_environment_that_fails_ends_the_episode_with_env_error(formatter):
+    from agentrl.agent.episode import EpisodeLimits, run_episode
+    from agentrl.agent.gold import GoldPolicy
+    from agentrl.envs.builtin.generator import builtin_split
+    from agentrl.envs.session import LocalEnvSession
+
+    task = next(t for t in builtin_split("train") if t.gold_calls(0))
+
+    class Failing(LocalEnvSession):
+        def __init__(self, task, where):
+            super().__init__(task)
+            self.where = where
+
+        async def execute(self, calls):
+            if self.where == "execute":
+                raise EnvError("tool actor died")
+            return await super().execute(calls)
+
+        async def end_turn(self, turn_index, results):
+            raise EnvError("tool actor died")
+
+    for where in ("execute", "end_turn"):
+        ep = asyncio.run(run_episode(task, GoldPolicy(task, formatter), Failing(task, where), formatter, EpisodeLimits()))
+        assert ep.termination == ENV_ERROR and ep.turn_passed == []
+    ok = asyncio.run(run_episode(task, GoldPolicy(task, formatter), LocalEnvSession(task), formatter, EpisodeLimits()))
+    assert ok.termination == "done"
+
+
+def test_a_dead_sgls_server_or_tool_actor_is_an_environment_error(monkeypatch):
+    import ray
+
+    from agentrl.runtime import sgls_server, tool_pool
+    from agentrl.tasks.schema import ToolCall
+
+    class Server:
+        class simulate:
+            @staticmethod
+            def remote(*args):
+                return "ref"
+
+    def dead(*args, **kwargs):
+        raise ray.exceptions.RayActorError()
+
+    monkeypatch.setattr(sgls_server.ray, "get", dead)
+    with pytest.raises(EnvError, match="SGLS server unavailable"):
+        sgls_server.RemoteSimulator(Server()).simulate("t", [], ToolCall(name="f", arguments={}), {})
+
+    async def dead_call():
+        raise ray.exceptions.RayActorError()
+
+    class Actor:
+        class execute:
+            @staticmethod
+            def remote(*args):
+                return dead_call()
+
+        class close:
+            @staticmethod
+            def remote(*args):
+                return dead_call()
+
+    session = tool_pool.RemoteEnvSession(Actor(), "s")
+    with pytest.raises(EnvError, match="tool actor died"):
+        asyncio.run(session.execute([]))
+    asyncio.run(session.close())  # a dead actor has nothing to free: no error
+    lost = tool_pool.ToolBackendActor.__ray_metadata__.modified_class()
+    with pytest.raises(EnvError, match="restarted"):
+        lost.execute("gone", [])
+
+
+def test_shutdown_runs_every_part_and_masks_no_error(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from agentrl.runtime.driver import Trainer, _write_results
+
+    done = []
+
+    def part(name, fails=False):
+        def run():
+            done.append(name)
+            if fails:
+                raise RuntimeError(f"{name} broke")
+        return run
+
+    trainer = SimpleNamespace(trajectories=SimpleNamespace(close=part("trajectories")), write_trace=part("trace"),
+                              _stop_rods=part("rods"), rollout_side=SimpleNamespace(shutdown=part("workers", fails=True)),
+                              metrics=SimpleNamespace(close=part("metrics")))
+    Trainer.shutdown(trainer, raise_errors=False)  # a run's error is propagating: logged only
+    assert done == ["trajectories", "trace", "rods", "workers", "metrics"]
+    assert "shutdown: rollout side failed: RuntimeError: workers broke" in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match="workers broke"):  # a run that succeeded: raised, after every part ran
+        Trainer.shutdown(trainer)
+    assert done[5:] == ["trajectories", "trace", "rods", "workers", "metrics"]
+
+    def no_report(run_dir):
+        raise ValueError("no metrics")
+
+    _write_results(tmp_path, {"start": {"success": 0.5}}, no_report, strict=False)
+    assert (tmp_path / "evals.json").exists() and "report.png not written" in capsys.readouterr().out
+    with pytest.raises(ValueError):
+        _write_results(tmp_path, {}, no_report)
