@@ -38,3 +38,13 @@ def ray_cluster(tmp_path_factory):
     ray.init(num_cpus=4, include_dashboard=False, _temp_dir=os.environ.get("RAY_TMPDIR", "/tmp/agentrl-ray"), log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def formatter(tiny_model_dir):
+    """The chat formatter over the tiny test model's tokenizer, as the runtime loads it."""
+    from transformers import AutoTokenizer
+
+    from agentrl.agent.chat import ChatFormatter
+
+    return ChatFormatter(AutoTokenizer.from_pretrained(tiny_model_dir))

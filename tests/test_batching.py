@@ -36,13 +36,6 @@ class Say:
 
 
 @pytest.fixture(scope="module")
-def formatter(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return ChatFormatter(AutoTokenizer.from_pretrained(tiny_model_dir))
-
-
-@pytest.fixture(scope="module")
 def task():
     # a multi-turn base task whose every turn needs calls
     return next(t for t in builtin_split("train")

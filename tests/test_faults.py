@@ -129,15 +129,6 @@ def test_keep_trainable_drops_failed_environments():
     assert [e.termination for e in keep_trainable(eps)] == ["done", "length"]
 
 
-@pytest.fixture(scope="module")
-def formatter(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    from agentrl.agent.chat import ChatFormatter
-
-    return ChatFormatter(AutoTokenizer.from_pretrained(str(tiny_model_dir)))
-
-
 def test_an_environment_that_fails_ends_the_episode_with_env_error(formatter):
     from agentrl.agent.episode import EpisodeLimits, run_episode
     from agentrl.agent.gold import GoldPolicy

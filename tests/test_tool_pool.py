@@ -71,13 +71,6 @@ def _comparable(ep) -> dict:
     return d
 
 
-@pytest.fixture(scope="module")
-def formatter(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return ChatFormatter(AutoTokenizer.from_pretrained(tiny_model_dir))
-
-
 def test_placement_chooses_where_sessions_open():
     in_proc = ToolPool.create(3, 0.1, 8)  # in_process, no SGLS server: starts no actor (no Ray needed)
     assert in_proc.actors == [] and in_proc.placement == "in_process"

@@ -44,13 +44,6 @@ class Say:
 
 
 @pytest.fixture(scope="module")
-def formatter(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return ChatFormatter(AutoTokenizer.from_pretrained(tiny_model_dir))
-
-
-@pytest.fixture(scope="module")
 def decode(formatter):
     return lambda ids: formatter.tokenizer.decode(ids, skip_special_tokens=False)
 
