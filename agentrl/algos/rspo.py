@@ -96,11 +96,6 @@ def explorer_batch(groups: list[EpisodeGroup], process_key: str, eps: float = 1e
     return TrainBatch(input_ids=ids, response_mask=masks, advantages=advantages, rollout_logprobs=logprobs)
 
 
-def explorer_flags(groups: list[EpisodeGroup]) -> list[bool]:
-    """Per episode in batch order (groups, then episodes): sampled by the explorer."""
-    return [e.policy == EXPLORER for g in groups for e in g.episodes]
-
-
 def success_shares(groups: list[EpisodeGroup], outcome_key: str = "outcome") -> dict[str, float]:
     """Per policy: mean outcome and mean process score, and the share of all successes that came
     from the explorer (``rspo/*`` metrics; means over the given groups' episodes)."""
