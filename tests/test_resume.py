@@ -268,7 +268,7 @@ def test_learner_state_round_trip_is_bitwise(model_dir, tmp_path, zero, dtype, k
 
 # ------------------------------------------------------------------ end to end: SIGKILL, then --resume
 
-def _wait_for(predicate, proc, timeout_s: float, what: str):
+def _wait_for(predicate, proc, timeout_s: float, what: str, log: Path | None = None):
     import time
 
     deadline = time.monotonic() + timeout_s
@@ -277,7 +277,8 @@ def _wait_for(predicate, proc, timeout_s: float, what: str):
         if value:
             return value
         if proc is not None and proc.poll() is not None:
-            pytest.fail(f"the training process ended (rc {proc.returncode}) before {what}")
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:]) if log and log.exists() else ""
+            pytest.fail(f"the training process ended (rc {proc.returncode}) before {what}; its output ended:\n{tail}")
         time.sleep(0.2)
     pytest.fail(f"timed out waiting for {what}")
 
@@ -354,8 +355,10 @@ def test_a_sigkilled_run_resumes_exactly(tiny_model_dir, ray_cluster, tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "agentrl", "train", str(config)], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        run = _wait_for(lambda: next((tmp_path / "runs").glob("res-*"), None), proc, 300, "the run folder")
-        _wait_for(lambda: any(r.get("step") == 3 for r in _jsonl(run / METRICS_FILE)), proc, 1800, "step 3's metrics")
+        run = _wait_for(lambda: next((tmp_path / "runs").glob("res-*"), None), proc, 300, "the run folder",
+                        tmp_path / "killed.log")
+        _wait_for(lambda: any(r.get("step") == 3 for r in _jsonl(run / METRICS_FILE)), proc, 1800, "step 3's metrics",
+                  tmp_path / "killed.log")
     finally:
         strays = _kill_process_group(proc, ray_dir)
         shutil.rmtree(ray_dir, ignore_errors=True)
