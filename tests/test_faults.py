@@ -84,7 +84,7 @@ def test_a_dead_worker_is_revived_given_the_learners_weights_and_its_tasks_reiss
     s = RolloutScheduler(launches.get, engines, async_rollouts, revive=lambda w: revived.append(w) or 1.0,
                          reissue=relaunch)
     assert s.take(1) == [["a@launch1"], ["b@launch1"]]
-    s.prefetch(2, allowed=True)
+    s.prefetch(2, until=3)
     s.updated(1)  # sync mode loads v1 now; async mode holds it back until step 2's rollouts are in
     assert s.take(2) == [["c@launch1"], ["d@launch2"]]
     assert revived == ["w1"] and engines.into == [("w1", "policy", 1)]  # the learner's newest weights
@@ -98,7 +98,7 @@ def test_discarded_rollouts_of_a_dead_worker_are_not_reissued_but_its_engine_is_
     launches = {1: [Call(0, ["a"])], 2: [Call(0, ["b"], dies=1)]}
     s = RolloutScheduler(launches.get, engines, True, revive=lambda w: revived.append(w) or 1.0, reissue=relaunch)
     s.take(1)
-    s.prefetch(2, allowed=True)
+    s.prefetch(2, until=3)
     s.updated(1)
     s.sync(discard_in_flight=True)  # the end of the run: the weight load needs the revived engine
     assert revived == ["w0"] and engines.loads == [1] and not s.in_flight

@@ -146,6 +146,41 @@ def test_async_rollouts_start_no_step_past_the_time_limit(tiny_model_dir, ray_cl
     assert not (tmp_path / "trajectories").exists()  # telemetry.trajectories_every=0: no writer
 
 
+def test_max_staleness_2_runs_two_steps_ahead_and_the_buffer_drops_older_groups(tiny_model_dir, ray_cluster, tmp_path):
+    """buffer.max_staleness=2 with async rollouts: while step 1 trains, steps 2 and 3 roll out on
+    v0, so step 3 trains two versions behind (lag 2), then the engines load v2 and the cycle goes
+    on: lags 0, 1, 2, 1 (weights load only when nothing runs ahead: at step 3, and at step 4, the
+    last, for which nothing was launched ahead). The real replay buffer then gets
+    step 1's groups (v0) back at learner version 4: older than the bound, they are dropped and
+    counted, while step 4's (v2, lag 2) are still handed out."""
+    import ray
+
+    from agentrl.runtime.driver import Trainer, load_task_sources
+
+    cfg = _config(tiny_model_dir, tmp_path, "train.async_rollouts=true", "buffer.max_staleness=2", "train.steps=4",
+                  "telemetry.trajectories_every=0")
+    trainer = Trainer(cfg, tmp_path, load_task_sources(cfg))
+    stored, store = {}, trainer._store
+
+    def keep(step, summaries, entries):  # each step's group refs, as the trainer stores them
+        stored[step] = entries
+        return store(step, summaries, entries)
+
+    trainer._store = keep
+    try:
+        rows = [trainer.step(step, last=step == 4) for step in range(1, 5)]
+        assert [m["train/policy_lag"] for m in rows] == [0, 1, 2, 1]
+        assert [m["learner/staleness"] for m in rows] == [0, 1, 2, 1]
+        assert [{e.version for e in stored[step]} for step in (1, 2, 3, 4)] == [{0}, {0}, {0}, {2}]
+        assert rows[-1]["buffer/dropped_stale"] == 0 and trainer.scheduler.version == 3  # v2 at step 3, v3 at step 4
+        ray.get(trainer.buffer.add.remote(stored[1] + stored[4]))
+        handed_out = ray.get(trainer.buffer.sample.remote(100, trainer.version))
+        assert trainer.version == 4 and handed_out == stored[4]
+        assert ray.get(trainer.buffer.stats.remote())["dropped_stale"] == len(stored[1]) == 2
+    finally:
+        trainer.shutdown()
+
+
 def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_cluster, tmp_path):
     """After a sync, vLLM's sampled-token logprobs equal the learner's recomputation.
 

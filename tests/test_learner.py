@@ -354,3 +354,26 @@ def test_reference_logprobs_are_the_initial_policy(model_dir, batch):
         assert learner.reference_logprobs(batch["input_ids"]) == ref and moved != ref
     finally:
         learner.close()
+
+
+def test_a_single_process_group_never_reuses_an_inherited_port(monkeypatch):
+    """The learner's 1-process group takes a free port of its own: an inherited MASTER_PORT (here
+    one that is listening, as the parent's own group would be) is replaced, not collided with."""
+    import socket
+
+    from agentrl.engines.deepspeed_setup import setup_single_process_env
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for key, value in {"MASTER_PORT": str(port), "MASTER_ADDR": "10.0.0.9", "WORLD_SIZE": "1"}.items():
+            monkeypatch.setenv(key, value)
+        setup_single_process_env()
+        assert os.environ["MASTER_ADDR"] == "127.0.0.1" and int(os.environ["MASTER_PORT"]) != port
+        with socket.socket() as mine:
+            mine.bind(("127.0.0.1", int(os.environ["MASTER_PORT"])))  # free
+        monkeypatch.setenv("WORLD_SIZE", "2")  # a multi-rank launcher's values are kept
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        setup_single_process_env()
+        assert os.environ["MASTER_PORT"] == str(port)

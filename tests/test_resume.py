@@ -431,7 +431,8 @@ def test_async_rods_run_resumed_from_a_checkpoint_continues_bit_for_bit(tiny_mod
                 trainer.checkpoint(2)
         digest = ray.get(trainer.learner.save_state.remote(str(tmp_path / f"after3-{first}")))
         results, _ = trainer.scheduler.pending()
-        return m, digest, [s.task_id for sums, _ in results for s in sums]
+        assert list(results) == [4]  # step 4's rollouts, launched ahead
+        return m, digest, [s.task_id for sums, _ in results[4] for s in sums]
 
     a = Trainer(cfg, run, load_task_sources(cfg))
     try:

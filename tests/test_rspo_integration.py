@@ -16,7 +16,8 @@ def test_rspo_steps_sync_the_explorer_and_keep_the_policy(tiny_model_dir, ray_cl
     update on real rollouts whose process rewards are varied by hand (the format-only test model
     scores alike, so its own derivation has no signal): after the sync the explorer's engine
     samples with the learner's explorer logprobs, the policy's engine with the policy's, and the
-    two differ (so the check could fail)."""
+    two differ (so the check could fail). A killed explorer worker comes back with the explorer's
+    weights."""
     import dataclasses
 
     import ray
@@ -62,5 +63,14 @@ def test_rspo_steps_sync_the_explorer_and_keep_the_policy(tiny_model_dir, ray_cl
         assert gap(ep_b, trainer.learner.explorer_logprobs) < 2e-3
         assert gap(ep_a, trainer.learner.compute_logprobs) < 2e-3
         assert gap(ep_b, trainer.learner.compute_logprobs) > 2e-3  # B is not A
+
+        # an explorer worker that dies is restarted with the explorer's weights, not the policy's
+        # (what the scheduler's recovery does for a dead worker's call: revive, then load_into)
+        explorer = trainer.rollout_side.explorers[0]
+        ray.kill(explorer, no_restart=False)
+        trainer.rollout_side.revive(explorer)
+        trainer.scheduler._weight_sync.load_into(explorer, EXPLORER, trainer.version)
+        ep_b = ray.get(explorer.sample_one.remote(task, 12))
+        assert ep_b.policy == EXPLORER and gap(ep_b, trainer.learner.explorer_logprobs) < 2e-3
     finally:
         trainer.shutdown()

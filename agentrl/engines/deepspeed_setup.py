@@ -19,13 +19,18 @@ def _free_port() -> int:
 def setup_single_process_env() -> None:
     """Rank/world env for a 1-process group; without it DeepSpeed tries MPI discovery (mpi4py).
 
-    Existing values win, so a multi-rank launcher can still set them."""
+    Existing values win, so a multi-rank launcher can still set them, except that a 1-process
+    group always takes a free local port of its own: nobody else joins it, and an inherited
+    MASTER_PORT can be one the parent process's own group still listens on (EADDRINUSE in a
+    learner started by a process that ran one)."""
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(_free_port())
+    if os.environ["WORLD_SIZE"] == "1":
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(_free_port())
+    else:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 

@@ -47,7 +47,7 @@ from agentrl.telemetry.trajectories import TRAJECTORY_DIR, discard_after
 if TYPE_CHECKING:
     from agentrl.runtime.driver import Trainer
 
-FORMAT = 1
+FORMAT = 2
 PREFIX, LATEST, STATE_FILE = "checkpoint-", "latest", "trainer_state.json"
 LEARNER_DIR, POOL_STATE, BUFFER_FILE, ROLLOUTS_FILE = "learner", "rods_pool.json", "replay_buffer.msgpack", "rollouts.msgpack"
 POOL_LOG, TASKS_LOG, RESUMES_LOG = "rods_pool.jsonl", "tasks.jsonl", "resumes.jsonl"
@@ -113,14 +113,15 @@ def write_checkpoint(trainer: Trainer, step: int, evals: dict) -> Path:
     tmp, final = run_dir / f".{PREFIX}{step}.tmp", run_dir / f"{PREFIX}{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    results, due = trainer.scheduler.pending()  # async: waits for the next step's rollouts
+    results, due = trainer.scheduler.pending()  # async: waits for the rollouts launched ahead
     hf = trainer.learner.save.remote(str(tmp.resolve()))  # the learner writes while the driver packs
     digest = trainer.learner.save_state.remote(str((tmp / LEARNER_DIR).resolve()))
     entries, counters = ray.get(trainer.buffer.state.remote())
     _write_bytes(tmp / BUFFER_FILE, _pack({"counters": counters, "groups": _pack_groups(entries)}))
     if results:
-        _write_bytes(tmp / ROLLOUTS_FILE, _pack([{"summaries": [asdict(s) for s in sums], "groups": _pack_groups(refs)}
-                                                 for sums, refs in results]))
+        _write_bytes(tmp / ROLLOUTS_FILE, _pack([
+            {"step": ahead, "calls": [{"summaries": [asdict(s) for s in sums], "groups": _pack_groups(refs)}
+                                      for sums, refs in calls]} for ahead, calls in results.items()]))
     if trainer.rods is not None:
         trainer.drain_pool_log()  # the log holds everything up to the saved state
         _write_bytes(tmp / POOL_STATE, json.dumps(ray.get(trainer.rods.state_dict.remote())).encode())
@@ -233,10 +234,11 @@ def restore(trainer: Trainer, ckpt: Checkpoint) -> None:
         trainer.sampler.load_state_dict(state["sampler"])
     saved = _unpack((ckpt.path / BUFFER_FILE).read_bytes())
     ray.get(trainer.buffer.restore.remote(_unpack_groups(saved["groups"]), saved["counters"]))
-    results = []
+    results = {}
     if (ckpt.path / ROLLOUTS_FILE).exists():
-        results = [([GroupSummary(**s) for s in call["summaries"]], _unpack_groups(call["groups"]))
-                   for call in _unpack((ckpt.path / ROLLOUTS_FILE).read_bytes())]
+        results = {ahead["step"]: [([GroupSummary(**s) for s in call["summaries"]], _unpack_groups(call["groups"]))
+                                   for call in ahead["calls"]]
+                   for ahead in _unpack((ckpt.path / ROLLOUTS_FILE).read_bytes())}
     trainer.scheduler.restore(results, state["due"] if state["due"] is not None else trainer.version)
     trainer.evals = {k: v for k, v in state["evals"].items() if k != "end"}  # a new end comes with the new last step
     match = digest == state["learner_digest"]
@@ -245,7 +247,8 @@ def restore(trainer: Trainer, ckpt: Checkpoint) -> None:
         print(f"warning: the restored learner state differs from {ckpt.path.name}'s in: {', '.join(parts)}", flush=True)
     record = {"time": time.time(), "checkpoint": ckpt.path.name, "step": ckpt.step, "version": trainer.version,
               "steps": trainer.cfg.train.steps, "learner_digest_match": match, "learner_digest": digest,
-              "buffer_groups": len(saved["groups"]), "rollouts_in_flight": sum(len(r) for _, r in results)}
+              "buffer_groups": len(saved["groups"]),
+              "rollouts_in_flight": sum(len(refs) for calls in results.values() for _, refs in calls)}
     with (trainer.run_dir / RESUMES_LOG).open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(record) + "\n")
 

@@ -172,7 +172,8 @@ class Trainer:
         print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{learner_version})", flush=True)
         sync = make_weight_sync(rt.weight_sync, self.learner, self.workers, self.rollout_side.explorers)
         self.scheduler = RolloutScheduler(self._launch_rollouts, sync, cfg.train.async_rollouts,
-                                          revive=self.rollout_side.revive, reissue=self.rollout_side.reissue)
+                                          revive=self.rollout_side.revive, reissue=self.rollout_side.reissue,
+                                          max_lag=cfg.buffer.max_staleness)
         self.metrics = MetricsSink(run_dir, cfg.telemetry, cfg.run.name, resume_after=resume.step if resume else None)
         self.trajectories = Trajectories(run_dir, model_path, cfg.telemetry.trajectories_every)
         self.timeline = Timeline()  # the driver's phase spans; trace.json at shutdown (telemetry.trace)
@@ -235,7 +236,7 @@ class Trainer:
             entries += refs
         timings["rollout_wait"] = time.perf_counter() - t0  # generation time not hidden behind learning
         t1 = time.perf_counter()
-        self.scheduler.sync()  # async: the previous update, held back while these rollouts ran
+        self.scheduler.catch_up()  # async: the update held back while these rollouts ran (if none still run)
         timings["sync"] = time.perf_counter() - t1
         return summaries, entries
 
@@ -255,13 +256,14 @@ class Trainer:
 
     def _learn(self, step: int, n_groups: int, last: bool, timings: dict[str, float]) -> tuple[dict, bool]:
         """Phase 3: one update on up to twice the groups just added; returns (learner metrics,
-        whether an update ran). In async mode step+1's rollouts start while the learner trains,
-        unless this is the last step or train.max_minutes has passed."""
+        whether an update ran). In async mode the next steps' rollouts start while the learner
+        trains (as far as buffer.max_staleness allows), none past the last step or once
+        train.max_minutes has passed."""
         t0 = time.perf_counter()
         refs = ray.get(self.buffer.sample.remote(n_groups * 2, self.version))
         learning = self.learner.train.remote(refs) if refs else None
         out_of_time = self.deadline is not None and time.perf_counter() > self.deadline
-        self.scheduler.prefetch(step + 1, allowed=not last and not out_of_time)
+        self.scheduler.prefetch(step + 1, until=step if last or out_of_time else self.cfg.train.steps)
         learn = ray.get(learning) if learning is not None else {}
         self.version += 1 if refs else 0
         timings["learn"] = time.perf_counter() - t0

@@ -77,11 +77,12 @@ class LearnerActor:
             return {"rspo/derived": 0.0}
         return {**self.learner.derive_explorer(batch), "rspo/derived": 1.0}
 
-    def publish_explorer_weights(self) -> list | None:
-        """The explorer's weights (wrapped ref) when they changed since the last call, else None.
-        Before the first derivation the explorer is the initial policy, which its engines hold."""
+    def publish_explorer_weights(self, again: bool = False) -> list | None:
+        """The explorer's weights (wrapped ref) when they changed since the last call (or, with
+        ``again``, for a restarted explorer worker: whenever derived at all), else None. Before
+        the first derivation the explorer is the initial policy, which its engines hold."""
         done = self.learner.explorer.derivations if self.learner.explorer is not None else 0
-        if done == 0 or done == self.explorer_published:
+        if done == 0 or (done == self.explorer_published and not again):
             return None
         self.explorer_published = done
         return [ray.put(self.learner.explorer_weights_blob())]

@@ -9,12 +9,18 @@ Two modes (``train.async_rollouts``):
 
 * off (default): ``take(k)`` launches step k's rollouts on the newest weights and waits for
   them; after the update, ``updated(v)`` loads version v at once. Every batch is on-policy.
-* on: while the learner trains on step k, ``prefetch(k + 1)`` launches step k+1's rollouts on
-  the engines' current weights. ``updated(v)`` only records that v is due; it is loaded by the
-  ``sync`` that follows ``take(k + 1)`` (those rollouts are back by then). Every batch after the
-  first is therefore one policy version behind the learner (one-step off-policy), which the
-  truncated importance weights correct. ``prefetch`` launches nothing when told not to: the
-  last step, or past ``train.max_minutes``.
+* on: while the learner trains on step k, ``prefetch(k + 1, until)`` launches step k+1's rollouts
+  on the engines' current weights. ``updated(v)`` only records that v is due; it is loaded by the
+  ``catch_up`` after a ``take``, and only when no rollout is in flight. The truncated importance
+  weights (``algo.tis_cap``) correct for the lag.
+
+  How far behind the learner a batch may be is ``max_lag`` (``buffer.max_staleness``): the batch
+  of step j is trained by learner version j - 1 at most, so it may be launched on engine version
+  e only if (j - 1) - e <= max_lag. With 1 (the default) every batch after the first is exactly
+  one version behind and weights load every step. With N > 1, ``prefetch`` launches up to N steps
+  ahead on the same weights (one larger generation batch) and weights load once the engines are
+  idle: lags cycle 1, 2, ..., N and the engines load every N steps. ``prefetch`` launches nothing
+  past ``until`` (the last step, or the current one past ``train.max_minutes``).
 
 Before an evaluation or the end of a run, ``sync`` brings the engines to the learner's latest
 weights; rollouts in flight are waited for first, and kept for their step unless
@@ -28,9 +34,10 @@ engines should have into it, before the call's tasks are re-issued to it (``coll
 other call's groups are kept as delivered, so each task of a step is trained once. A worker
 out of restarts raises its ``RayActorError`` and ends the run.
 
-A checkpoint keeps what ``pending`` returns (the in-flight rollouts' results, the version due)
-and a resumed run hands it back to ``restore``, so async mode resumes one step off-policy exactly
-where it stopped.
+A checkpoint keeps what ``pending`` returns (the in-flight rollouts' results by step, the version
+due) and a resumed run hands it back to ``restore``, so async mode resumes exactly where it
+stopped; the resumed engines hold unknown weights until their first load, so nothing launches on
+them before it.
 """
 
 from __future__ import annotations
@@ -76,47 +83,62 @@ class RolloutScheduler:
     ``weight_sync``: an object with ``sync(version)`` and ``load_into(worker, role, version)``
     (``weight_sync/``). ``revive(worker)``: wait until a dead worker is restarted and rebuild its
     engine; ``reissue(call)``: the call's tasks launched again on its worker (both
-    ``cluster.RolloutSide``; without them a dead worker's error ends the run).
+    ``cluster.RolloutSide``; without them a dead worker's error ends the run). ``max_lag``: the
+    staleness bound of async mode (``buffer.max_staleness``).
     """
 
     def __init__(self, launch: Callable[[int], list], weight_sync, async_rollouts: bool,
-                 revive: Callable | None = None, reissue: Callable | None = None):
+                 revive: Callable | None = None, reissue: Callable | None = None, max_lag: int = 1):
         self._launch = launch
         self._weight_sync = weight_sync
         self.async_rollouts = async_rollouts
+        self.max_lag = max_lag
         self._revive, self._reissue = revive, reissue
-        self.in_flight: list = []  # rollout calls launched and not yet taken by their step
+        self.ahead: dict[int, list] = {}  # step -> its rollout calls, launched and not yet taken
         self._due: int | None = None  # a learner version the engines have not loaded yet
-        self.version = 0  # the version the engines hold
+        self.version: int | None = 0  # the version the engines hold (None: unknown, load before launching)
         self.recoveries: Counter = Counter()  # worker_restarts, reissued_groups (``pop_recoveries``)
 
     @property
+    def in_flight(self) -> list:
+        """Every rollout call launched and not yet taken by its step."""
+        return [c for calls in self.ahead.values() for c in calls]
+
+    @property
     def sync_due(self) -> bool:
-        """The engines are behind the learner (async mode between an update and the next sync)."""
+        """The engines are behind the learner (async mode between an update and its load)."""
         return self._due is not None
 
     def take(self, step: int) -> list:
-        """Step ``step``'s rollout results: the calls launched ahead for it (async mode) or, with
-        nothing in flight, calls launched now on the newest weights."""
-        if not self.in_flight:
+        """Step ``step``'s rollout results: the calls launched ahead for it (async mode) or, when
+        none were, calls launched now on the newest weights."""
+        if step not in self.ahead:
             self.sync()
-            self.in_flight = self._launch(step)
-        results = self._collect()
-        self.in_flight = []
-        return results
+            self.ahead[step] = self._launch(step)
+        return self._collect(self.ahead.pop(step))
 
-    def prefetch(self, step: int, allowed: bool) -> None:
-        """Async mode: launch step ``step``'s rollouts now, on the engines' current weights, so they
-        run while the learner trains; nothing in sync mode or when not ``allowed``."""
-        if not (self.async_rollouts and allowed):
+    def catch_up(self) -> None:
+        """Async mode, after a ``take``: load the version due unless rollouts launched ahead are
+        still running on the current weights (with ``max_lag`` 1 none are: it loads every step)."""
+        if self._due is not None and not self.ahead:
+            self._load_weights(self._due)
+            self._due = None
+
+    def prefetch(self, step: int, until: int) -> None:
+        """Async mode: launch the rollouts of steps ``step``, ``step + 1``, ... (at most ``until``)
+        now, on the engines' current weights, as far as the staleness bound allows; they run while
+        the learner trains. Nothing in sync mode."""
+        if not self.async_rollouts:
             return
-        if self.in_flight:
-            raise RuntimeError("rollouts for a step are already in flight; take() them first")
-        self.in_flight = self._launch(step)
+        for j in range(step, min(until, step + self.max_lag - 1) + 1):
+            if self.version is None or (j - 1) - self.version > self.max_lag:
+                break  # trained by learner version j - 1 at most: too far behind it
+            if j not in self.ahead:
+                self.ahead[j] = self._launch(j)
 
     def updated(self, version: int) -> None:
         """The learner has produced ``version``. Sync mode loads it now; async mode holds it back
-        while the next step's rollouts (on the previous weights) run."""
+        while rollouts on the previous weights run (``catch_up``)."""
         self._due = version
         if not self.async_rollouts:
             self.sync()
@@ -124,35 +146,35 @@ class RolloutScheduler:
     def sync(self, discard_in_flight: bool = False) -> None:
         """Bring the engines to the learner's latest weights, after every in-flight rollout is done.
 
-        The waited-for results stay for their step, unless ``discard_in_flight``."""
-        if self.in_flight:
+        The waited-for results stay for their steps, unless ``discard_in_flight``."""
+        for calls in self.ahead.values():
             # a dead worker is revived here too: the load below needs its engine
-            self._collect(reissue=not discard_in_flight)
-            if discard_in_flight:
-                self.in_flight = []
+            self._collect(calls, reissue=not discard_in_flight)
+        if discard_in_flight:
+            self.ahead = {}
         if self._due is not None:
             self._load_weights(self._due)
             self._due = None
 
     # ---- checkpoints (runtime/checkpoint.py)
-    def pending(self) -> tuple[list, int | None]:
-        """(results of the rollout calls in flight, waited for but left for their step; the
-        version due to load, or None): what a checkpoint must keep of the scheduler. Async mode
-        only has either: step k+1's rollouts on the weights before k's update, and that update."""
-        return (self._collect() if self.in_flight else []), self._due  # a dead worker's recovered first
+    def pending(self) -> tuple[dict[int, list], int | None]:
+        """({step: results of its rollout calls}, waited for but left for their steps; the version
+        due to load, or None): what a checkpoint must keep of the scheduler. Only async mode has
+        either: rollouts launched ahead on the weights before the latest update(s), and that update."""
+        return {step: self._collect(calls) for step, calls in self.ahead.items()}, self._due
 
-    def restore(self, results: list, due: int | None) -> None:
-        """Back to ``pending``'s state; ``results`` (one per rollout call) are taken by the next
-        ``take`` as if their calls had just finished. Sync mode loads ``due`` at once."""
-        self.in_flight = [Finished(r) for r in results]
+    def restore(self, results: dict[int, list], due: int | None) -> None:
+        """Back to ``pending``'s state; each step's ``results`` (one per rollout call) are taken by
+        its ``take`` as if their calls had just finished. The engines' weights are unknown until
+        ``due`` loads: sync mode loads it at once, async mode before anything is launched."""
+        self.ahead = {step: [Finished(r) for r in rs] for step, rs in results.items()}
         self._due = due
+        self.version = None
         if not self.async_rollouts and due is not None:
             self.sync()
 
     def running(self) -> list:
         """The in-flight rollout calls that have not finished."""
-        if not self.in_flight:
-            return []
         # fetch_local=False: a call counts as done when it has finished, wherever its result is
         refs = [c.ref for c in self.in_flight if c.result is None]
         if not refs:
@@ -166,11 +188,11 @@ class RolloutScheduler:
         self.recoveries.clear()
         return out
 
-    def _collect(self, reissue: bool = True) -> list:
-        """The in-flight calls' results; a dead worker's call is recovered (``_recover``)."""
+    def _collect(self, calls: list, reissue: bool = True) -> list:
+        """The calls' results; a dead worker's call is recovered (``_recover``)."""
         if self._revive is None:  # nothing can be revived: a dead worker's error propagates
-            return collect(self.in_flight, ray.get, lambda c: c, ())
-        return collect(self.in_flight, ray.get, lambda c: self._recover(c, reissue), (ray.exceptions.RayActorError,))
+            return collect(calls, ray.get, lambda c: c, ())
+        return collect(calls, ray.get, lambda c: self._recover(c, reissue), (ray.exceptions.RayActorError,))
 
     def _recover(self, call, reissue: bool = True):
         """A dead worker: restarted, its engine rebuilt and given the weights the engines should

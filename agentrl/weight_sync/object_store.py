@@ -10,6 +10,8 @@ from __future__ import annotations
 import ray
 from torch import Tensor
 
+from agentrl.api import EXPLORER
+
 
 def weights_to_blob(state_dict: dict[str, Tensor]) -> bytes:
     """Safetensors bytes of ``state_dict``. Tensors are cloned into independent storage first, so
@@ -46,10 +48,13 @@ class ObjectStoreWeightSync:
         ray.get(loads)
 
     def load_into(self, worker, role: str, version: int) -> None:
-        """The learner's current weights (``version``) into one worker, restarted after it died.
-        A restarted RSPO explorer worker cannot be brought back: the explorer's weights are
-        published only when re-derived (not built)."""
-        if role != "policy":
-            raise RuntimeError(f"a restarted {role} worker cannot be given the {role}'s weights (not built)")
+        """The weights a restarted worker's role should hold at ``version`` into that worker: the
+        learner's current weights, or for an RSPO explorer worker the explorer's latest derivation
+        (none yet: the explorer is the initial policy, which the restarted engine loaded at start)."""
+        if role == EXPLORER:
+            box = ray.get(self.learner.publish_explorer_weights.remote(again=True))
+            if box is not None:
+                ray.get(worker.load_weights.remote(box[0], version))
+            return
         box = ray.get(self.learner.publish_weights.remote())
         ray.get(worker.load_weights.remote(box[0], version))
