@@ -1,6 +1,7 @@
 """Throughput side by side: agentrl vs TRL's ``GRPOTrainer`` (1.16) on the quickstart's model and tasks.
 
     .venv/bin/python benchmarks/vs_trl.py --steps 4      # both arms; writes docs/benchmarks/vs_trl
+    .venv/bin/python benchmarks/vs_trl.py --steps 4 --arms trl --trl-no-is --out docs/benchmarks/vs_trl/trl_no_is
 
 Both arms train ``agentrl/assets/tiny-agent`` (fp32, CPU) on the fresh built-in bank tasks the quickstart
 draws (``generate_tasks(suite="bank")``, seed 1_000_000 + step, held-out tasks excluded); one optimizer
@@ -283,6 +284,8 @@ def table(results: dict, args) -> str:
                                                   for a in arms) + " |")
     text = "\n".join(lines) + (f"\n\n{args.steps} steps of {args.tasks_per_step} tasks x {args.group_size} episodes "
                                f"({args.tasks_per_step * args.group_size} per optimizer step), {os.cpu_count()} CPU cores.")
+    if args.trl_no_is:
+        text += " TRL arm with ``--trl-no-is`` (no IS correction, no pi_old pass)."
     if "agentrl" in results and "trl" in results:
         ratio = results["agentrl"]["trajectories_per_hour"] / results["trl"]["trajectories_per_hour"]
         text += f" **agentrl / TRL trajectories per hour: {ratio:.2f}x.**\n\n" + NOTES
