@@ -13,8 +13,9 @@
    engine's own tokens/s for that work in one pass, without turns, tools or Ray.
 3. **learner vs plain torch** (a subprocess): ``DeepSpeedLearner.train_step`` (the quickstart's
    learner settings) on a batch with the recorded episodes' lengths, against a plain-torch loop
-   doing the same work: the same micro-batches, a reference forward, a policy forward and
-   backward per micro-batch, gradient clipping, one AdamW step. Both with every core
+   doing the same work: micro-batches of the same size (in recorded order; the learner sorts by
+   length, so it pads less), a reference forward, a policy forward and backward per
+   micro-batch, gradient clipping, one AdamW step. Both with every core
    (``torch.set_num_threads``); the median of ``--repeats`` after one warm-up each.
 
     .venv/bin/python benchmarks/throughput_ratios.py              # ~6 min on 2 idle cores
