@@ -13,8 +13,8 @@
    engine's own tokens/s for that work in one pass, without turns, tools or Ray.
 3. **learner vs plain torch** (a subprocess): ``DeepSpeedLearner.train_step`` (the quickstart's
    learner settings) on a batch with the recorded episodes' lengths, against a plain-torch loop
-   doing the same work: micro-batches of the same size (in recorded order; the learner sorts by
-   length, so it pads less), a reference forward, a policy forward and backward per
+   doing the same work: micro-batches of the same size, length-sorted as the learner's (so both
+   pad the same), a reference forward, a policy forward and backward per
    micro-batch, gradient clipping, one AdamW step. Both with every core
    (``torch.set_num_threads``); the median of ``--repeats`` after one warm-up each.
 
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_estimators import ROOT, train_quickstart  # noqa: E402
+from compare_methods import ROOT, train_quickstart  # noqa: E402
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 RESULT = "RESULT "  # a phase subprocess's result line (vLLM and DeepSpeed print to stdout too)
@@ -160,10 +160,12 @@ def learner_vs_torch(spec: dict) -> dict:
     policy = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
     reference = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
     opt = torch.optim.AdamW(policy.parameters(), lr=lcfg.lr, betas=tuple(lcfg.betas))
-    micro = [slice(i, i + lcfg.micro_batch_size) for i in range(0, len(ids), lcfg.micro_batch_size)]
+    # length-sorted micro-batches, as the learner makes them: both pad the same
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    micro = [order[i:i + lcfg.micro_batch_size] for i in range(0, len(ids), lcfg.micro_batch_size)]
 
     def torch_step() -> None:
-        padded = [pad_batch(ids[s], 0, mask[s], adv[s]) for s in micro]
+        padded = [pad_batch([ids[i] for i in mb], 0, [mask[i] for i in mb], [adv[i] for i in mb]) for mb in micro]
         with torch.no_grad():
             refs = [token_logprobs(reference, p[0], p[1]) for p in padded]
         opt.zero_grad()

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_estimators import ROOT, train_quickstart  # noqa: E402
+from compare_methods import ROOT, train_quickstart  # noqa: E402
 
 MODEL = ROOT / "agentrl" / "assets" / "tiny-agent"
 CACHE = ROOT / ".cache" / "benchmarks" / "vs_trl"

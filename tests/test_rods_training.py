@@ -59,7 +59,7 @@ def test_synthesis_actor_grows_the_pool_in_the_background(ray_cluster, source):
 
 def test_training_with_rods_samples_from_the_pool_and_logs_every_event(tiny_model_dir, ray_cluster, tmp_path, capsys):
     """RODS only decides which tasks are rolled out, so it composes with any estimator; this run
-    uses SLCA (segment advantages, the least GRPO-like batch), benchmarks/rods_vs_fixed.py GRPO."""
+    uses SLCA (segment advantages, the least GRPO-like batch), benchmarks/compare_methods.py (arm rods) GRPO."""
     from agentrl.cli import main
     from agentrl.runtime.driver import POOL_LOG, POOL_STATE, train
 

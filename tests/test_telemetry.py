@@ -246,21 +246,22 @@ def test_step_metrics_without_groups_or_update():
 
 
 def test_eval_metrics_from_hand_made_results():
-    def result(category, outcome, progress, calls, valid, redundant, behaviours):
+    def result(category, outcome, progress, calls, valid, redundant, behaviours, omission=0.0, summary=None):
         return {"category": category, "outcome": outcome, "progress": progress, "calls": calls, "valid_calls": valid,
-                "redundant_calls": redundant, "behaviours": behaviours}
+                "redundant_calls": redundant, "behaviours": behaviours, "omission": omission, "summary_score": summary}
 
     results = [
-        result("base", 1.0, 1.0, 2, 2, 0, {"balance_lookup": [1, 1]}),
-        result("base", 0.0, 0.5, 4, 3, 1, {"balance_lookup": [0, 1], "transfer_swap": [1, 2]}),
-        result("miss_param", 1.0, 1.0, 0, 0, 0, {"miss_param_ask": [1, 1]}),
-        result("miss_param", 0.0, 0.0, 2, 1, 1, {"miss_param_ask": [0, 1]}),
+        result("base", 1.0, 1.0, 2, 2, 0, {"balance_lookup": [1, 1]}, summary=1.0),
+        result("base", 0.0, 0.5, 4, 3, 1, {"balance_lookup": [0, 1], "transfer_swap": [1, 2]}, summary=0.5),
+        result("miss_param", 1.0, 1.0, 0, 0, 0, {"miss_param_ask": [1, 1]}),  # no summary score (judge runs)
+        result("miss_param", 0.0, 0.0, 2, 1, 1, {"miss_param_ask": [0, 1]}, omission=1.0, summary=0.0),
     ]
     assert eval_metrics(results, seconds=12.0) == pytest.approx({
         "success": 0.5, "progress": 0.625, "mean_calls": 2.0, "redundant_call_rate": 2 / 6, "episodes": 4.0,
-        "seconds": 12.0, "success/base": 0.5, "success/miss_param": 0.5,
+        "seconds": 12.0, "omission_rate": 0.25, "summary_score": 0.5, "success/base": 0.5, "success/miss_param": 0.5,
         "behaviour/miss_param_ask": 0.5, "behaviour/balance_lookup": 0.5, "behaviour/transfer_swap": 0.5,
     })
     assert summarize(results) == {"base": (2, 0.5), "miss_param": (2, 0.5), "overall": (4, 0.5)}
     empty = eval_metrics([], seconds=0.0)
     assert empty["success"] == 0 and empty["episodes"] == 0 and not [k for k in empty if "/" in k]
+    assert "summary_score" not in empty

@@ -225,6 +225,8 @@ class RolloutWorker:
             {"task_id": e.task_id, "category": t.category, "outcome": e.rewards["outcome"], "progress": e.rewards["progress"],
              "turn_passed": e.turn_passed, "n_turns": e.n_turns, "calls": e.n_call_blocks, "valid_calls": e.n_valid_calls,
              "redundant_calls": redundant_calls(e.calls), "termination": e.termination, "policy_tokens": e.n_policy_tokens,
+             # SLCA's summary-side measures: an answer without a needed call, the rule score of the answers
+             "omission": e.rewards.get("omission", 0.0), "summary_score": e.rewards.get("summary_score"),
              "behaviours": behaviour_counts(t, e.turn_passed, e.calls)}
             for e, t in zip(eps, tasks)
         ]

@@ -86,9 +86,13 @@ def eval_metrics(results: list[dict], seconds: float) -> dict[str, float]:
         "progress": sum(r["progress"] for r in results) / n,
         "mean_calls": sum(r["calls"] for r in results) / n,
         "redundant_call_rate": sum(r["redundant_calls"] for r in results) / max(1, sum(r["valid_calls"] for r in results)),
+        "omission_rate": sum(r.get("omission", 0.0) for r in results) / n,
         "episodes": float(len(results)),
         "seconds": seconds,
     }
+    # the rule summary score (absent when rewards.summary is judge or none: evaluation never calls the judge)
+    if scored := [r["summary_score"] for r in results if r.get("summary_score") is not None]:
+        out["summary_score"] = sum(scored) / len(scored)
     # what changed, not only how much: success per category and the rate of each behaviour
     for cat, (_, acc) in summarize(results).items():
         if cat != "overall":
