@@ -43,23 +43,24 @@ RODS = [*STATIC, "rods.enabled=true", "rods.epoch_steps=2"]  # inject every 2 st
 RSPO = ["rspo.enabled=true"]
 PER_STEP = 64  # episodes per step in configs/quickstart.yaml: rollout.tasks_per_step x rollout.group_size
 
-# arm -> (overrides, the arm it is compared with, estimated minutes on 2 otherwise idle cores)
+# arm -> (overrides, the arm it is compared with, minutes per run measured on 2 otherwise idle
+# cores at 10 steps; ppo's is a guess, its critic adds a forward/backward)
 ARMS: dict[str, tuple[list[str], str | None, float]] = {
-    "grpo": ([], None, 5),
-    "shuffled": (["algo.shuffle_rewards=true"], "grpo", 5),
-    "dr_grpo": (["algo.advantage=dr_grpo"], "grpo", 5),
-    "rloo": (["algo.advantage=rloo"], "grpo", 5),
-    "raft": (["algo.advantage=raft"], "grpo", 5),
-    "gigpo": (["algo.advantage=gigpo"], "grpo", 5),
-    "turn_grpo": (["algo.advantage=turn_grpo"], "grpo", 5),
+    "grpo": ([], None, 4.6),
+    "shuffled": (["algo.shuffle_rewards=true"], "grpo", 4.6),
+    "dr_grpo": (["algo.advantage=dr_grpo"], "grpo", 4.6),
+    "rloo": (["algo.advantage=rloo"], "grpo", 4.6),
+    "raft": (["algo.advantage=raft"], "grpo", 4.6),
+    "gigpo": (["algo.advantage=gigpo"], "grpo", 4.6),
+    "turn_grpo": (["algo.advantage=turn_grpo"], "grpo", 4.6),
     "ppo": (["algo.advantage=ppo", "algo.critic.lr=1e-4"], "grpo", 6.5),  # the critic follows the policy's lr
-    "slca": (["algo.advantage=slca"], "grpo", 5),
-    "static": (STATIC, "grpo", 5),
-    "rods": (RODS, "static", 5.5),
-    "rspo": (RSPO, "grpo", 7),
-    "process_only": ([*RSPO, "rspo.swap=false"], "grpo", 7),
-    "rspo_gigpo": ([*RSPO, "algo.advantage=gigpo"], "gigpo", 7),
-    "combined": ([*RODS, *RSPO, "algo.advantage=slca"], "static", 7.5),
+    "slca": (["algo.advantage=slca"], "grpo", 4.4),
+    "static": (STATIC, "grpo", 4.5),
+    "rods": (RODS, "static", 4.6),
+    "rspo": (RSPO, "grpo", 6.1),
+    "process_only": ([*RSPO, "rspo.swap=false"], "grpo", 6.1),
+    "rspo_gigpo": ([*RSPO, "algo.advantage=gigpo"], "gigpo", 6.1),
+    "combined": ([*RODS, *RSPO, "algo.advantage=slca"], "static", 6.3),
 }
 FAMILIES = {
     "estimators": ["grpo", "dr_grpo", "rloo", "raft", "gigpo", "turn_grpo", "ppo", "slca"],
@@ -115,11 +116,19 @@ def _ok(results: list[dict], arm: str) -> list[dict]:
     return [r for r in results if r["arm"] == arm and "error" not in r]
 
 
-def _ms(xs: list) -> str:
+def _ms(xs: list, digits: int = 3) -> str:
     xs = [x for x in xs if x is not None]
     if not xs:
         return "-"
-    return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
+    return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else f"{xs[0]:.{digits}f}"
+
+
+def reached_at(results: list[dict], arm: str, target: float) -> str:
+    """Trajectories at the first evaluation where the arm's mean success is >= ``target``."""
+    rs = _ok(results, arm)
+    means = [statistics.mean(r[k] for r in rs) for k in ("mid", "end")]
+    hits = [x for x, m in zip(rs[0]["trajectories"][1:], means) if m >= target]
+    return str(hits[0]) if hits else f"not within {rs[0]['trajectories'][-1]}"
 
 
 def versus(results: list[dict], arm: str, base: str, key: str = "end") -> str:
@@ -156,16 +165,18 @@ def table(results: list[dict], start: dict | None, arms: list[str], steps: int) 
     pool_arms = [a for a in arms if any("pool/size" in r["train"] for r in _ok(results, a))]
     if pool_arms:
         lines += ["", "RODS pool (per run, mean ± std over seeds):", "",
-                  "| arm | pool size, mid / end | synthesized, end | boundary / too hard / mastered fraction, end |",
-                  "|---|---|---|---|"]
+                  "| arm | pool size, mid / end | synthesized, end | boundary / too hard / mastered fraction, end "
+                  "| trajectories to reach static's end success |", "|---|---|---|---|---|"]
+        static_end = statistics.mean(r["end"] for r in _ok(results, "static")) if _ok(results, "static") else None
         for arm in pool_arms:
             rs, half = _ok(results, arm), steps // 2 - 1
 
-            def at(key: str, i: int, rs=rs) -> str:
-                return _ms([r["train"][key][i] for r in rs if key in r["train"]])
-            regions = " / ".join(at(f"pool/region_{k}", -1) for k in ("boundary", "too_hard", "mastered"))
-            lines.append(f"| {arm} | {at('pool/size', half)} / {at('pool/size', -1)} | {at('pool/synthesized', -1)} | "
-                         f"{regions} |")
+            def at(key: str, i: int, digits: int = 3, rs=rs) -> str:
+                return _ms([r["train"][key][i] for r in rs if key in r["train"]], digits)
+            regions = " / ".join(at(f"pool/region_{k}", -1, 2) for k in ("boundary", "too_hard", "mastered"))
+            reach = reached_at(results, arm, static_end) if static_end is not None else "-"
+            lines.append(f"| {arm} | {at('pool/size', half, 1)} / {at('pool/size', -1, 1)} | "
+                         f"{at('pool/synthesized', -1, 1)} | {regions} | {reach} |")
     rspo_arms = [a for a in arms if any("rspo/kl_policy_explorer" in r["train"] for r in _ok(results, a))]
     if rspo_arms:
         lines += ["", "RSPO (training episodes; per run means over steps):", "",
@@ -184,8 +195,9 @@ def table(results: list[dict], start: dict | None, arms: list[str], steps: int) 
 def plot(results: list[dict], start: dict | None, family: str, arms: list[str], path: Path) -> None:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 4), dpi=90)
-    ax1, ax2 = fig.subplots(1, 2)
+    pool = any("pool/size" in r["train"] for a in arms for r in _ok(results, a))
+    fig = Figure(figsize=(16 if pool else 11, 4), dpi=90)
+    ax1, ax2, *ax3 = fig.subplots(1, 3 if pool else 2)
     for arm in arms:
         rs = [r for r in _ok(results, arm) if r["mid"] is not None]
         if not rs:
@@ -199,10 +211,16 @@ def plot(results: list[dict], start: dict | None, family: str, arms: list[str], 
         n = min(map(len, train))
         ax2.plot([(i + 1) * PER_STEP for i in range(n)], [statistics.mean(t[i] for t in train) for i in range(n)],
                  color=line.get_color(), label=arm)
+        if ax3 and "pool/size" in rs[0]["train"]:
+            sizes = [r["train"]["pool/size"] for r in rs]
+            ax3[0].plot([(i + 1) * PER_STEP for i in range(n)], [statistics.mean(p[i] for p in sizes) for i in range(n)],
+                        color=line.get_color(), label=arm)
     ax1.set(title=f"{family}: held-out success (greedy), band = min-max over seeds", xlabel="trajectories consumed",
             ylim=(0, 1))
     ax2.set(title="training success (sampled, T = 1), mean over seeds", xlabel="trajectories consumed", ylim=(0, 1))
-    for ax in (ax1, ax2):
+    if ax3:
+        ax3[0].set(title="RODS active pool size (tasks), mean over seeds", xlabel="trajectories consumed")
+    for ax in (ax1, ax2, *ax3):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
