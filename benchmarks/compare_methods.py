@@ -99,12 +99,11 @@ def run_one(arm: str, seed: int, args, measure_start: bool) -> dict:
         return {"arm": arm, "seed": seed, "minutes": round(minutes, 1), "error": err}
     evals = json.loads((run_dir / "evals.json").read_text())
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    mid = {k[len("eval/"):]: v for m in metrics if "eval/success" in m and 0 < m["step"] < args.steps
-           for k, v in m.items() if k.startswith("eval/")}
+    mid = next((m["eval/success"] for m in metrics if "eval/success" in m and 0 < m["step"] < args.steps), None)
     steps = [m for m in metrics if "train/success" in m]
     return {
         "arm": arm, "seed": seed, "minutes": round(minutes, 1), "run_dir": str(run_dir.relative_to(ROOT)),
-        "start_detail": evals.get("start"), "mid": mid.get("success"), "end": evals["end"]["success"],
+        "start_detail": evals.get("start"), "mid": mid, "end": evals["end"]["success"],
         "end_detail": evals["end"], "trajectories": [0, args.steps // 2 * PER_STEP, args.steps * PER_STEP],
         "train": {k: [m.get(k) for m in steps] for k in TRAIN_KEYS if any(k in m for m in steps)},
     }
