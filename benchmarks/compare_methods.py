@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / ".cache" / "benchmarks" / "methods"
 SEED_TASKS = 64  # the static pool and RODS's seeds: the first 64 bank-train tasks
@@ -41,7 +43,6 @@ SEEDS_FILE = RUNS / f"seeds-{SEED_TASKS}.jsonl"
 STATIC = ["tasks.train={seeds}", "tasks.fresh_train=false"]
 RODS = [*STATIC, "rods.enabled=true", "rods.epoch_steps=2"]  # inject every 2 steps: visible within 10 steps
 RSPO = ["rspo.enabled=true"]
-PER_STEP = 64  # episodes per step in configs/quickstart.yaml: rollout.tasks_per_step x rollout.group_size
 
 # arm -> (overrides, the arm it is compared with, minutes per run measured on 2 otherwise idle
 # cores at 10 steps; ppo's is a guess, its critic adds a forward/backward)
@@ -101,10 +102,12 @@ def run_one(arm: str, seed: int, args, measure_start: bool) -> dict:
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     mid = next((m["eval/success"] for m in metrics if "eval/success" in m and 0 < m["step"] < args.steps), None)
     steps = [m for m in metrics if "train/success" in m]
+    rollout = yaml.safe_load((run_dir / "config.yaml").read_text())["rollout"]  # --override may change the batch
+    per_step = rollout["tasks_per_step"] * rollout["group_size"]
     return {
         "arm": arm, "seed": seed, "minutes": round(minutes, 1), "run_dir": str(run_dir.relative_to(ROOT)),
         "start_detail": evals.get("start"), "mid": mid, "end": evals["end"]["success"],
-        "end_detail": evals["end"], "trajectories": [0, args.steps // 2 * PER_STEP, args.steps * PER_STEP],
+        "end_detail": evals["end"], "trajectories": [0, args.steps // 2 * per_step, args.steps * per_step],
         "train": {k: [m.get(k) for m in steps] for k in TRAIN_KEYS if any(k in m for m in steps)},
     }
 
@@ -130,9 +133,9 @@ def reached_at(results: list[dict], arm: str, target: float) -> str:
     return str(hits[0]) if hits else f"not within {rs[0]['trajectories'][-1]}"
 
 
-def versus(results: list[dict], arm: str, base: str, key: str = "end") -> str:
+def versus(results: list[dict], arm: str, base: str) -> str:
     """Difference of means with its standard error over seeds; flagged when it exceeds 2 SE."""
-    a, b = [r[key] for r in _ok(results, arm)], [r[key] for r in _ok(results, base)]
+    a, b = [r["end"] for r in _ok(results, arm)], [r["end"] for r in _ok(results, base)]
     if len(a) < 2 or len(b) < 2:
         return "-"
     diff = statistics.mean(a) - statistics.mean(b)
@@ -207,12 +210,12 @@ def plot(results: list[dict], start: dict | None, family: str, arms: list[str], 
         line, = ax1.plot(xs, [statistics.mean(c) for c in cols], marker="o", lw=2, label=f"{arm} ({len(rs)} seeds)")
         ax1.fill_between(xs, [min(c) for c in cols], [max(c) for c in cols], color=line.get_color(), alpha=0.15)
         train = [r["train"]["train/success"] for r in rs]
-        n = min(map(len, train))
-        ax2.plot([(i + 1) * PER_STEP for i in range(n)], [statistics.mean(t[i] for t in train) for i in range(n)],
+        n, per_step = min(map(len, train)), xs[-1] // len(train[0])
+        ax2.plot([(i + 1) * per_step for i in range(n)], [statistics.mean(t[i] for t in train) for i in range(n)],
                  color=line.get_color(), label=arm)
         if ax3 and "pool/size" in rs[0]["train"]:
             sizes = [r["train"]["pool/size"] for r in rs]
-            ax3[0].plot([(i + 1) * PER_STEP for i in range(n)], [statistics.mean(p[i] for p in sizes) for i in range(n)],
+            ax3[0].plot([(i + 1) * per_step for i in range(n)], [statistics.mean(p[i] for p in sizes) for i in range(n)],
                         color=line.get_color(), label=arm)
     ax1.set(title=f"{family}: held-out success (greedy), band = min-max over seeds", xlabel="trajectories consumed",
             ylim=(0, 1))
@@ -258,7 +261,8 @@ def main() -> int:
         save_tasks(resolve_task_source("builtin:bank-train")[:SEED_TASKS], SEEDS_FILE)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = [r for r in saved["runs"] if (r["arm"], r["seed"]) not in plan]
-    # one run at a time: two runs sharing 2 cores slow each other down more than 2x (docs/benchmarks.md)
+    # one run at a time: minutes per run are part of the result, and runs sharing the 2 cores slow
+    # each other unpredictably (docs/benchmarks.md, "Throughput")
     for i, (arm, seed) in enumerate(plan, 1):
         measure_start = saved["start"] is None  # the first run measures the shared start
         r = run_one(arm, seed, args, measure_start)
