@@ -11,7 +11,12 @@
    episodes' mean prompt length (``ignore_eos``): once with each sequence as long as one recorded
    episode's policy tokens (the same stragglers as the step), once all of the mean length. The
    engine's own tokens/s for that work in one pass, without turns, tools or Ray.
-3. **learner vs plain torch** (a subprocess): ``DeepSpeedLearner.train_step`` (the quickstart's
+3. **bare vLLM, multi-turn** (a subprocess): the same step's episodes replayed message by message
+   through a bare ``AsyncLLM`` (all concurrent; each assistant message one request of its recorded
+   length, the recorded environment text appended between): the engine's tokens/s on the
+   multi-turn pattern itself, so the rollout path's gap to phase 2 splits into what the pattern
+   costs any multi-turn rollout and what agentrl adds.
+4. **learner vs plain torch** (a subprocess): ``DeepSpeedLearner.train_step`` (the quickstart's
    learner settings) on a batch with the recorded episodes' lengths, against a plain-torch loop
    doing the same work: micro-batches of the same size, length-sorted as the learner's (so both
    pad the same), a reference forward, a policy forward and backward per
@@ -40,20 +45,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_methods import ROOT, train_quickstart  # noqa: E402
 
-QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 RESULT = "RESULT "  # a phase subprocess's result line (vLLM and DeepSpeed print to stdout too)
 
 
-def quickstart(steps: int, run_dir: Path | None = None) -> dict:
-    """Phase 1: a short quickstart run (or ``run_dir``, one made before by this script); per-step
-    metrics and the last step's episode lengths."""
+def quickstart(steps: int, run_dir: Path | None = None, overrides: tuple[str, ...] = ()) -> dict:
+    """Phase 1: a short quickstart run with ``overrides`` (or ``run_dir``, one made before by this
+    script); per-step metrics, the last step's episodes and the run's config (whose engine and
+    learner settings the other phases copy)."""
+    import yaml
+
     from agentrl.telemetry.trajectories import read_trajectories
 
     minutes = None
     if run_dir is None:
         run_dir, minutes, err = train_quickstart(ROOT / ".cache" / "benchmarks" / "throughput", [
             f"train.steps={steps}", "train.eval_at_start=false", "train.eval_at_end=false", "run.name=throughput",
-            "telemetry.trajectories_every=1"])
+            "telemetry.trajectories_every=1", *overrides])
         if run_dir is None:
             raise SystemExit(f"error: the quickstart run failed:\n{err}")
     run_dir = run_dir.resolve()
@@ -65,6 +72,7 @@ def quickstart(steps: int, run_dir: Path | None = None) -> dict:
         return statistics.median(r[key] for r in rows)
 
     return {
+        "config": yaml.safe_load((run_dir / "config.yaml").read_text()),
         "run_dir": str(run_dir.relative_to(ROOT)), "minutes": minutes and round(minutes, 1), "steady_steps": len(rows),
         "step_s": med("time/step"), "generate_s": med("time/generate"), "learn_s": med("time/learn"),
         "learner_step_s": med("learner/step_time_s"), "sync_s": med("time/sync"),
@@ -73,6 +81,9 @@ def quickstart(steps: int, run_dir: Path | None = None) -> dict:
         "sync_share": statistics.median(r["time/sync"] / r["time/step"] for r in rows),
         "episodes": [{"tokens": e["tokens"], "policy_tokens": e["policy_tokens"], "prompt_tokens": e["prompt_tokens"]}
                      for e in episodes],
+        # each episode's token stream in its recorded chunks (prompt, assistant, environment):
+        # what the multi-turn replay (phase 2b) sends to a bare engine
+        "chunks": [[(m["role"], m["text"]) for m in e["messages"]] for e in episodes],
     }
 
 
@@ -90,15 +101,14 @@ def bare_vllm(spec: dict) -> dict:
     """Phase 2 (in its own process): plain ``vllm.LLM.generate`` with the rollout engine's settings."""
     import random
 
-    import yaml
-
-    engine = yaml.safe_load(QUICKSTART.read_text())["rollout"]["engine"]
+    engine = spec["engine"]  # the run's rollout.engine section (its saved config.yaml)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine["kv_cache_gib"]))
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm = LLM(model=str(ROOT / spec["model"]), dtype="float32", seed=0, max_model_len=engine["max_model_len"],
-              enforce_eager=engine["enforce_eager"], enable_prefix_caching=True, disable_log_stats=True)
+              enforce_eager=engine["enforce_eager"], enable_prefix_caching=True, disable_log_stats=True,
+              block_size=engine.get("block_size"))
     vocab = llm.get_tokenizer().vocab_size
     rng = random.Random(0)
 
@@ -119,12 +129,85 @@ def bare_vllm(spec: dict) -> dict:
     return {"uniform": run([spec["new_tokens"]] * spec["sequences"]), "recorded": run(spec["lengths"])}
 
 
+def bare_multiturn(spec: dict) -> dict:
+    """Phase 2b (in its own process): the step's episodes replayed message by message through a bare
+    ``AsyncLLM`` with the rollout engine's settings: no agentrl, no Ray, no tools, no parsing.
+
+    Every recorded episode is one coroutine, all concurrent (the rollout path's concurrency): its
+    prompt (the recorded text's ids), then for each assistant message a request of exactly that
+    message's length (``ignore_eos``, the finished output only, no detokenization), then the
+    recorded environment text's ids appended, and the next message. The engine's tokens/s on the
+    multi-turn pattern itself (a prefill of the grown context and a new request per message)."""
+    import asyncio
+
+    engine = spec["engine"]  # the run's rollout.engine section (its saved config.yaml)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine["kv_cache_gib"]))
+    from transformers import AutoTokenizer
+    from vllm import AsyncEngineArgs, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    model = str(ROOT / spec["model"])
+    tok = AutoTokenizer.from_pretrained(model)
+
+    def encode(text: str) -> list[int]:
+        return list(tok.encode(text, add_special_tokens=False))
+
+    # (ids of the prompt, then per message: (new tokens, ids of the environment text after it))
+    episodes = []
+    for chunks in spec["chunks"]:
+        prompt, messages = [], []
+        for role, text in chunks:
+            if role == "prompt":
+                prompt += encode(text)
+            elif role == "assistant":
+                messages.append([len(encode(text)), []])
+            elif messages:
+                messages[-1][1] += encode(text)
+        episodes.append((prompt, messages))
+
+    async def replay() -> dict:
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
+            model=model, dtype="float32", seed=0, max_model_len=engine["max_model_len"],
+            enforce_eager=engine["enforce_eager"], enable_prefix_caching=True, disable_log_stats=True,
+            block_size=engine.get("block_size"),
+            logprobs_mode="processed_logprobs"))
+        ids = iter(range(10**9))
+
+        async def generate(prompt: list[int], n: int) -> list[int]:
+            params = SamplingParams(max_tokens=n, temperature=1.0, ignore_eos=True, logprobs=0, detokenize=False,
+                                    output_kind=RequestOutputKind.FINAL_ONLY)
+            async for out in llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=f"r{next(ids)}"):
+                final = out
+            return list(final.outputs[0].token_ids)
+
+        async def episode(prompt: list[int], messages: list) -> int:
+            stream, n = list(prompt), 0
+            for length, env in messages:
+                if length:
+                    new = await generate(stream, length)
+                    stream += new
+                    n += len(new)
+                stream += env
+            return n
+
+        await generate([1, 2, 3, 4], 8)  # warm-up
+        t0 = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(episode(p, m) for p, m in episodes)))
+        seconds = time.perf_counter() - t0
+        llm.shutdown()
+        return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+                "messages": sum(len(m) for _, m in episodes)}
+
+    return asyncio.run(replay())
+
+
 def learner_vs_torch(spec: dict) -> dict:
     """Phase 3 (in its own process): the DeepSpeed learner's step and a plain-torch step, same batch."""
     import random
 
     import torch
-    import yaml
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from agentrl.config.algo_schema import AlgoConfig, LearnerConfig
@@ -132,7 +215,7 @@ def learner_vs_torch(spec: dict) -> dict:
     from agentrl.engines.hf_policy import pad_batch, token_logprobs
 
     torch.set_num_threads(os.cpu_count())
-    cfg = yaml.safe_load(QUICKSTART.read_text())
+    cfg = spec["config"]  # the run's saved config
     lcfg = LearnerConfig(**{**cfg["learner"], "threads": os.cpu_count()})
     acfg = AlgoConfig(**cfg["algo"])
     model_path = str(ROOT / spec["model"])
@@ -192,11 +275,16 @@ def learner_vs_torch(spec: dict) -> dict:
 def table(r: dict) -> str:
     q, v, lt = r["quickstart"], r["bare_vllm"], r["learner"]
     uniform, recorded = v["uniform"]["tokens_per_s"], v["recorded"]["tokens_per_s"]
+    multiturn = r["bare_multiturn"]["tokens_per_s"]
     rows = [
         ("rollout path ÷ bare vLLM, the episodes' own lengths (policy tokens/s)",
          f"{q['rollout_tokens_per_s']:.0f} ÷ {recorded:.0f}", q["rollout_tokens_per_s"] / recorded, "≥ 0.9"),
         ("rollout path ÷ bare vLLM, every sequence the mean length", f"{q['rollout_tokens_per_s']:.0f} ÷ {uniform:.0f}",
          q["rollout_tokens_per_s"] / uniform, "-"),
+        ("rollout path ÷ bare AsyncLLM replaying the same messages one request each",
+         f"{q['rollout_tokens_per_s']:.0f} ÷ {multiturn:.0f}", q["rollout_tokens_per_s"] / multiturn, "-"),
+        ("bare multi-turn replay ÷ bare one-pass generation, same lengths", f"{multiturn:.0f} ÷ {recorded:.0f}",
+         multiturn / recorded, "-"),
         ("learner ÷ plain torch (step time⁻¹, all cores)", f"{lt['torch_s']:.2f} s ÷ {lt['deepspeed_s']:.2f} s",
          lt["torch_s"] / lt["deepspeed_s"], "≥ 0.9"),
         ("weight sync share of a step", f"{q['sync_s']:.3f} s of {q['step_s']:.1f} s", q["sync_share"], "≤ 0.05"),
@@ -217,35 +305,42 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quickstart-run", type=Path, help="reuse a run folder phase 1 made before (skips the run)")
-    p.add_argument("--phase", choices=["bare_vllm", "learner"], help=argparse.SUPPRESS)  # internal: one subprocess
+    p.add_argument("--override", action="append", default=[],
+                   help="KEY=VALUE for the quickstart run (repeatable); the bare phases copy the run's settings")
+    p.add_argument("--phase", choices=list(PHASES), help=argparse.SUPPRESS)  # internal: one subprocess
     p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.phase:
         spec = json.loads(args.spec)
-        print(RESULT + json.dumps(bare_vllm(spec) if args.phase == "bare_vllm" else learner_vs_torch(spec)), flush=True)
+        print(RESULT + json.dumps(PHASES[args.phase](spec)), flush=True)
         return 0
-    import yaml
-
-    model = yaml.safe_load(QUICKSTART.read_text())["model"]["path"]
-    print(f"1/3 quickstart, {args.steps} steps (~{2 + args.steps * 0.4:.0f} min)", flush=True)
-    q = quickstart(args.steps, args.quickstart_run)
-    eps = q["episodes"]
-    spec = {"model": model, "sequences": len(eps), "prompt_len": round(statistics.mean(e["prompt_tokens"] for e in eps)),
+    print(f"1/4 quickstart, {args.steps} steps (~{2 + args.steps * 0.4:.0f} min)", flush=True)
+    q = quickstart(args.steps, args.quickstart_run, tuple(args.override))
+    eps, chunks, config = q["episodes"], q.pop("chunks"), q.pop("config")
+    model, engine = config["model"]["path"], config["rollout"]["engine"]
+    q["engine"] = engine
+    spec = {"model": model, "engine": engine, "sequences": len(eps),
+            "prompt_len": round(statistics.mean(e["prompt_tokens"] for e in eps)),
             "new_tokens": round(statistics.mean(e["policy_tokens"] for e in eps)),
             "lengths": [e["policy_tokens"] for e in eps]}
-    print(f"2/3 bare vLLM: {spec['sequences']} sequences x {spec['new_tokens']} new tokens, "
+    print(f"2/4 bare vLLM: {spec['sequences']} sequences x {spec['new_tokens']} new tokens, "
           f"{spec['prompt_len']}-token prompts", flush=True)
     v = _subprocess("bare_vllm", spec)
-    print(f"3/3 learner vs plain torch: {len(eps)} sequences, {args.repeats} repeats", flush=True)
-    lt = _subprocess("learner", {"model": model, "episodes": eps, "repeats": args.repeats})
+    print(f"3/4 bare vLLM, the same episodes replayed message by message ({len(chunks)} concurrent)", flush=True)
+    mt = _subprocess("bare_multiturn", {"model": model, "engine": engine, "chunks": chunks})
+    print(f"4/4 learner vs plain torch: {len(eps)} sequences, {args.repeats} repeats", flush=True)
+    lt = _subprocess("learner", {"model": model, "config": config, "episodes": eps, "repeats": args.repeats})
     result = {"date": time.strftime("%Y-%m-%d"), "command": "benchmarks/throughput_ratios.py " + " ".join(sys.argv[1:]),
-              "cpus": os.cpu_count(), "quickstart": q, "bare_vllm": {**v, **spec}, "learner": lt}
+              "cpus": os.cpu_count(), "quickstart": q, "bare_vllm": {**v, **spec},
+              "bare_multiturn": mt, "learner": lt}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
     (args.out / "table.md").write_text(table(result) + "\n")
     print(table(result))
     return 0
 
+
+PHASES = {"bare_vllm": bare_vllm, "bare_multiturn": bare_multiturn, "learner": learner_vs_torch}
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -197,11 +197,14 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
     from agentrl.runtime.tool_pool import ToolPool
     from agentrl.weight_sync import make_weight_sync
 
-    cfg = _config(tiny_model_dir, tmp_path, "learner.lr=1e-2", "algo.kl_coef=0.0")
+    # 32-token KV blocks (vLLM's CPU default is 128): every later message of an episode reuses
+    # the cached prefix up to its last full block, and the logprobs must still match
+    cfg = _config(tiny_model_dir, tmp_path, "learner.lr=1e-2", "algo.kl_coef=0.0", "rollout.engine.block_size=32")
     pool = ToolPool.create(1, 0.1, 8)
     worker = RolloutWorker.options(num_cpus=1).remote(str(tiny_model_dir), cfg.rollout, "float32", pool.actors, 0)
     learner = LearnerActor.options(num_cpus=1).remote(str(tiny_model_dir), cfg.learner, cfg.algo, "float32", 0)
     ray.get(worker.start.remote())
+    assert ray.get(worker.__ray_call__.remote(lambda w: w.engine.engine.vllm_config.cache_config.block_size)) == 32
     sync = make_weight_sync("object_store", learner, [worker])
     task = builtin_split("heldout")[0]
 

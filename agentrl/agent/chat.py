@@ -62,6 +62,11 @@ class ChatFormatter:
         self.eos_token_ids: list[int] = ids
         """Ids that end an assistant message (stop ids for generation), end_token_id first."""
         self._dummy = self._pick_dummy()
+        # The dummy conversation's text up to its last end-of-message token: the prefix every
+        # delta is cut from. Rendered once here, not once per delta (a rollout makes hundreds).
+        base = self.render(self._dummy)
+        cut = base.rfind(self.end_token)
+        self._delta_prefix = base[: cut + len(self.end_token)] if cut >= 0 else None
 
     # --- rendering -------------------------------------------------------------------------
     def render(self, messages: list[dict], tools: list | None = None, add_generation_prompt: bool = False) -> str:
@@ -97,15 +102,13 @@ class ChatFormatter:
     def delta_text(self, new_messages: list[dict]) -> str:
         """Text to append after an assistant message's end token, for ``new_messages`` (tool
         results and/or a user turn), ending with the generation prompt."""
-        base = self.render(self._dummy)
-        cut = base.rfind(self.end_token)
-        if cut < 0:
+        prefix = self._delta_prefix
+        if prefix is None:
             raise ValueError(f"chat template does not end assistant messages with {self.end_token!r}")
-        cut += len(self.end_token)
         full = self.render(self._dummy + list(new_messages), add_generation_prompt=True)
-        if full[:cut] != base[:cut]:
+        if not full.startswith(prefix):
             raise ValueError("chat template is not prefix-stable: appending messages changed earlier text")
-        return full[cut:]
+        return full[len(prefix):]
 
     def delta_ids(self, new_messages: list[dict]) -> list[int]:
         """Ids of ``delta_text(new_messages)``. Because the delta starts right after a special

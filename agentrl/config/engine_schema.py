@@ -23,6 +23,12 @@ class EngineConfig(Section):
     max_model_len: PosInt = 2048
     # Engine sampling seed.
     seed: NonNegInt = 0
+    # KV-cache block size in tokens; null = vLLM's default (16 on GPU, 128 on CPU; the CPU backend
+    # takes multiples of 32 only). Prefix caching reuses whole blocks only, so every new message of
+    # a multi-turn episode re-prefills its context past the last full block: smaller blocks
+    # re-prefill less (32 instead of 128 made multi-turn generation 1.4-1.6x faster on CPU,
+    # docs/benchmarks.md "Throughput").
+    block_size: PosInt | None = None
     # CPU cores vLLM's OpenMP threads bind to (exported as VLLM_CPU_OMP_THREADS_BIND): "auto" (vLLM
     # picks, all cores of a NUMA node), "nobind", or a core list such as "0-1" or "1". With
     # synchronous rollouts generation and the update alternate, so both can use every core; with

@@ -44,6 +44,8 @@ class VLLMEngine:
 
         self.weight_sync = weight_sync
         extra = {}
+        if engine_cfg.block_size is not None:
+            extra["block_size"] = engine_cfg.block_size
         if structured_outputs is not None:
             from vllm.config import StructuredOutputsConfig
 
@@ -76,6 +78,7 @@ class VLLMEngine:
     ) -> Generation:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
             max_tokens=max_tokens,
@@ -85,6 +88,12 @@ class VLLMEngine:
             logprobs=0,  # the sampled token's own logprob
             stop_token_ids=stop_token_ids,
             skip_special_tokens=False,
+            # The episode loop needs only the finished message, as token ids (it decodes the text
+            # itself): no per-engine-step output objects and coroutine wake-ups for every
+            # request, and no incremental detokenization. On a CPU host this frontend work runs
+            # on the cores the engine computes on.
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=False,
         )
         final = None
         prompt = TokensPrompt(prompt_token_ids=prompt_ids)
