@@ -30,7 +30,8 @@ class EngineConfig(Section):
     # docs/benchmarks.md "Throughput").
     block_size: PosInt | None = None
     # CPU cores vLLM's OpenMP threads bind to (exported as VLLM_CPU_OMP_THREADS_BIND): "auto" (vLLM
-    # picks, all cores of a NUMA node), "nobind", or a core list such as "0-1" or "1". With
+    # picks a NUMA node's cores minus one it keeps for its scheduler process, so on 2 cores the model
+    # computes on one), "nobind", or a core list such as "0-1" or "1". With
     # synchronous rollouts generation and the update alternate, so both can use every core; with
     # train.async_rollouts they overlap: split the cores, e.g. "1" here and learner.threads 1.
     cpu_threads_bind: NonEmptyStr = "auto"
