@@ -155,7 +155,7 @@ def test_optional_section_null_stays_off(tmp_path):
         """)
     assert load_config(path).algo.critic is None
     on = load_config(path, ["algo.critic.lr=2e-5"]).algo.critic
-    assert on is not None and on.lr == 2e-5 and on.lam == 0.95
+    assert on is not None and on.lr == 2e-5 and on.lam == 1.0
 
 
 def test_assignment_is_validated():
