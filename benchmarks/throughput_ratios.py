@@ -16,7 +16,7 @@
    length, the recorded environment text appended between): the engine's tokens/s on the
    multi-turn pattern itself, so the rollout path's gap to phase 2 splits into what the pattern
    costs any multi-turn rollout and what agentrl adds.
-4. **learner vs plain torch** (a subprocess): ``DeepSpeedLearner.train_step`` (the quickstart's
+4. **learner vs plain torch** (a subprocess): ``DeepSpeedLearner.train_step`` (the run's
    learner settings) on a batch with the recorded episodes' lengths, against a plain-torch loop
    doing the same work: micro-batches of the same size, length-sorted as the learner's (so both
    pad the same), a reference forward, a policy forward and backward per
@@ -82,7 +82,7 @@ def quickstart(steps: int, run_dir: Path | None = None, overrides: tuple[str, ..
         "episodes": [{"tokens": e["tokens"], "policy_tokens": e["policy_tokens"], "prompt_tokens": e["prompt_tokens"]}
                      for e in episodes],
         # each episode's token stream in its recorded chunks (prompt, assistant, environment):
-        # what the multi-turn replay (phase 2b) sends to a bare engine
+        # what the multi-turn replay (phase 3) sends to a bare engine
         "chunks": [[(m["role"], m["text"]) for m in e["messages"]] for e in episodes],
     }
 
@@ -97,18 +97,25 @@ def _subprocess(phase: str, spec: dict) -> dict:
     return json.loads(results[-1])
 
 
+def engine_kwargs(spec: dict) -> dict:
+    """vLLM engine arguments with the run's rollout engine settings (``spec["engine"]``, from its
+    saved config.yaml), for the bare phases; exports the CPU KV-cache size the way VLLMEngine does."""
+    engine = spec["engine"]
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine["kv_cache_gib"]))
+    return dict(model=str(ROOT / spec["model"]), dtype="float32", seed=0, max_model_len=engine["max_model_len"],
+                enforce_eager=engine["enforce_eager"], enable_prefix_caching=True, disable_log_stats=True,
+                block_size=engine.get("block_size"))
+
+
 def bare_vllm(spec: dict) -> dict:
     """Phase 2 (in its own process): plain ``vllm.LLM.generate`` with the rollout engine's settings."""
     import random
 
-    engine = spec["engine"]  # the run's rollout.engine section (its saved config.yaml)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine["kv_cache_gib"]))
+    kwargs = engine_kwargs(spec)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=str(ROOT / spec["model"]), dtype="float32", seed=0, max_model_len=engine["max_model_len"],
-              enforce_eager=engine["enforce_eager"], enable_prefix_caching=True, disable_log_stats=True,
-              block_size=engine.get("block_size"))
+    llm = LLM(**kwargs)
     vocab = llm.get_tokenizer().vocab_size
     rng = random.Random(0)
 
@@ -130,7 +137,7 @@ def bare_vllm(spec: dict) -> dict:
 
 
 def bare_multiturn(spec: dict) -> dict:
-    """Phase 2b (in its own process): the step's episodes replayed message by message through a bare
+    """Phase 3 (in its own process): the step's episodes replayed message by message through a bare
     ``AsyncLLM`` with the rollout engine's settings: no agentrl, no Ray, no tools, no parsing.
 
     Every recorded episode is one coroutine, all concurrent (the rollout path's concurrency): its
@@ -140,16 +147,14 @@ def bare_multiturn(spec: dict) -> dict:
     multi-turn pattern itself (a prefill of the grown context and a new request per message)."""
     import asyncio
 
-    engine = spec["engine"]  # the run's rollout.engine section (its saved config.yaml)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(engine["kv_cache_gib"]))
+    kwargs = engine_kwargs(spec)
     from transformers import AutoTokenizer
     from vllm import AsyncEngineArgs, SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    model = str(ROOT / spec["model"])
-    tok = AutoTokenizer.from_pretrained(model)
+    tok = AutoTokenizer.from_pretrained(kwargs["model"])
 
     def encode(text: str) -> list[int]:
         return list(tok.encode(text, add_special_tokens=False))
@@ -168,11 +173,7 @@ def bare_multiturn(spec: dict) -> dict:
         episodes.append((prompt, messages))
 
     async def replay() -> dict:
-        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
-            model=model, dtype="float32", seed=0, max_model_len=engine["max_model_len"],
-            enforce_eager=engine["enforce_eager"], enable_prefix_caching=True, disable_log_stats=True,
-            block_size=engine.get("block_size"),
-            logprobs_mode="processed_logprobs"))
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs, logprobs_mode="processed_logprobs"))
         ids = iter(range(10**9))
 
         async def generate(prompt: list[int], n: int) -> list[int]:
@@ -204,7 +205,7 @@ def bare_multiturn(spec: dict) -> dict:
 
 
 def learner_vs_torch(spec: dict) -> dict:
-    """Phase 3 (in its own process): the DeepSpeed learner's step and a plain-torch step, same batch."""
+    """Phase 4 (in its own process): the DeepSpeed learner's step and a plain-torch step, same batch."""
     import random
 
     import torch
@@ -327,7 +328,7 @@ def main() -> int:
           f"{spec['prompt_len']}-token prompts", flush=True)
     v = _subprocess("bare_vllm", spec)
     print(f"3/4 bare vLLM, the same episodes replayed message by message ({len(chunks)} concurrent)", flush=True)
-    mt = _subprocess("bare_multiturn", {"model": model, "engine": engine, "chunks": chunks})
+    mt = _subprocess("bare_multiturn", {**spec, "chunks": chunks})
     print(f"4/4 learner vs plain torch: {len(eps)} sequences, {args.repeats} repeats", flush=True)
     lt = _subprocess("learner", {"model": model, "config": config, "episodes": eps, "repeats": args.repeats})
     result = {"date": time.strftime("%Y-%m-%d"), "command": "benchmarks/throughput_ratios.py " + " ".join(sys.argv[1:]),
