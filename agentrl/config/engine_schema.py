@@ -26,7 +26,7 @@ class EngineConfig(Section):
     # KV-cache block size in tokens; null = vLLM's default (16 on GPU, 128 on CPU; the CPU backend
     # takes multiples of 32 only). Prefix caching reuses whole blocks only, so every new message of
     # a multi-turn episode re-prefills its context past the last full block: smaller blocks
-    # re-prefill less (32 instead of 128 made multi-turn generation 1.4-1.6x faster on CPU,
+    # re-prefill less (32 instead of 128 made multi-turn generation 1.4x faster in a bare engine on CPU,
     # docs/benchmarks.md "Throughput").
     block_size: PosInt | None = None
     # CPU cores vLLM's OpenMP threads bind to (exported as VLLM_CPU_OMP_THREADS_BIND): "auto" (vLLM
