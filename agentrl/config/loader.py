@@ -70,8 +70,14 @@ def load_config(path: str | PathLike[str] | None = None, overrides: Sequence[str
 
 
 def dump_config(config: Config) -> str:
-    """The resolved config as YAML; ``load_config`` of this text gives back an equal config."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, default_flow_style=False)
+    """The resolved config as YAML; ``load_config`` of this text gives back an equal config.
+
+    With ``tasks.fresh_train`` on, ``tasks.train`` is left out: the run never reads it, and a config
+    that sets both is refused (so a run's saved ``config.yaml`` loads again for ``--resume``)."""
+    tree = config.model_dump(mode="json")
+    if config.tasks.fresh_train:
+        del tree["tasks"]["train"]
+    return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
 
 
 # ---------------------------------------------------------------------------------------- reading

@@ -49,11 +49,24 @@ class RunConfig(Section):
     seed: NonNegInt = 0
 
 
+class LoraConfig(Section):
+    # LoRA rank r; 0 = off (every weight trains). With r > 0 only the adapters train and are
+    # checkpointed (peft); the engines get the merged weights at every sync.
+    rank: NonNegInt = 0
+    # LoRA scaling numerator: the adapter's update is (alpha / rank) * B @ A.
+    alpha: PosFloat = 16.0
+    # Module names (suffixes) that get adapters; "all-linear" = every linear layer but the LM head.
+    target_modules: list[NonEmptyStr] | Literal["all-linear"] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
 class ModelConfig(Section):
     # Local path of the policy model (HF format); no hub is reachable, so it must exist on disk.
     path: NonEmptyStr = ".cache/models/tiny-agent"
     # Parameter dtype for the learner and the inference engine (CPU runs want float32).
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # Low-rank adapters instead of full fine-tuning (model.lora.rank > 0).
+    lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
 class TasksConfig(Section):
@@ -275,6 +288,12 @@ class Config(Section):
             raise ValueError(f"algo.advantage={self.algo.advantage} needs summary scoring: set rewards.summary to rule or judge")
         if self.rods.enabled and self.tasks.fresh_train:
             raise ValueError("rods.enabled=true needs tasks.fresh_train=false: RODS grows its pool from the tasks.train seeds")
+        if self.tasks.fresh_train and "train" in self.tasks.model_fields_set:
+            # set in the file or by an override (the default stays valid): the run would neither load
+            # nor validate it, so training on a file the user named would silently not happen
+            train = self.tasks.train if isinstance(self.tasks.train, str) else f"[{', '.join(self.tasks.train)}]"
+            raise ValueError(f"tasks.train={train} is never read with tasks.fresh_train=true (every step trains on "
+                             "freshly generated tasks): set tasks.fresh_train=false to train on it, or leave tasks.train out")
         if self.rollout.top_p < 1.0:
             # vLLM's processed logprobs are of the renormalized nucleus; the learner scores the
             # full tempered distribution, so every IS weight would be biased below 1
