@@ -194,9 +194,28 @@ class MicroBatch:
     old_entropy: Tensor | None = None  # entropy of pi_old
     old_values: Tensor | None = None  # critic values before its update (PPO)
     returns: Tensor | None = None  # GAE returns, the critic's targets (PPO)
+    # Packed layout (``learner.packing``, ``engines.micro_batch.pack_micro_batch``): the model runs
+    # on the rows end to end in one row; its output is unpacked back to [B, T].
+    packed_ids: Tensor | None = None  # long [1, N], N = the micro-batch's real tokens
+    packed_positions: Tensor | None = None  # long [1, N], restarting at 0 at each row's first token
+    unpack_index: Tensor | None = None  # long [B, T]: where token t of row b sits in the packed row, -1 on padding
     n_tokens: int = field(init=False)  # policy tokens
     n_sequences: int = field(init=False)  # rows with at least one policy token
 
     def __post_init__(self) -> None:
         self.n_tokens = int(self.response_mask.sum())
         self.n_sequences = int((self.response_mask.sum(dim=1) > 0).sum())
+
+    @property
+    def packed(self) -> bool:
+        return self.packed_ids is not None
+
+    def forward_args(self) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+        """(input_ids, attention_mask, position_ids, unpack_index) of the model forward: the padded
+        batch with None, None, or the packed row with no mask (transformers derives the per-row
+        mask from the position ids) and the index that unpacks its output. Positional, for
+        ``engine(*m.forward_args())``; ``hf_policy.micro_batch_logprobs`` / ``micro_batch_values``
+        take them and answer in the padded [B, T] layout either way."""
+        if self.packed_ids is None:
+            return self.input_ids, self.attention_mask, None, None
+        return self.packed_ids, None, self.packed_positions, self.unpack_index

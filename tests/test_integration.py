@@ -243,6 +243,20 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
     fresh = ray.get(worker.sample_one.remote(task, 123))
     assert fresh.policy_version == 1
     assert max_gap(fresh) < 2e-3
+
+    # LoRA (model.lora): the learner trains adapters; the engine gets the merged weights
+    from agentrl.config.schema import LoraConfig
+
+    ray.kill(learner)
+    learner = LearnerActor.options(num_cpus=1).remote(str(tiny_model_dir), cfg.learner, cfg.algo, "float32", 0,
+                                                      lora_cfg=LoraConfig(rank=8, alpha=16.0))
+    for _ in range(2):  # B starts at 0: the first step moves only A's gradient path
+        ray.get(learner.train.remote([GroupRef(ray.put(group), group.version)]))
+    stale = ray.get(worker.sample_one.remote(task, 321))
+    assert max_gap(stale) > 2e-3, "the LoRA learner did not move, so this check could not detect a missing sync"
+    make_weight_sync("object_store", learner, [worker]).sync(version=2)
+    assert max_gap(ray.get(worker.sample_one.remote(task, 321))) < 2e-3
+    ray.kill(learner)
     ray.get(worker.shutdown.remote())
 
 

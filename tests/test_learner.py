@@ -356,24 +356,26 @@ def test_reference_logprobs_are_the_initial_policy(model_dir, batch):
         learner.close()
 
 
-def test_a_single_process_group_never_reuses_an_inherited_port(monkeypatch):
-    """The learner's 1-process group takes a free port of its own: an inherited MASTER_PORT (here
-    one that is listening, as the parent's own group would be) is replaced, not collided with."""
+def test_a_single_rank_group_needs_no_port():
+    """A 1-rank learner's process group rendezvouses in process (HashStore): with MASTER_PORT
+    pointing at a port that is listening (as a parent's own group would be), it starts, and binds
+    no chosen port (gloo's own listener takes whatever port the OS hands it). Run in a fresh
+    interpreter: this one may hold a process group already."""
     import socket
+    import subprocess
+    import sys
 
-    from agentrl.engines.deepspeed_setup import setup_single_process_env
-
+    code = (
+        "import torch, psutil, os\n"
+        "from agentrl.engines.deepspeed_setup import init_process_group\n"
+        "init_process_group()\n"
+        "ports = {c.laddr.port for c in psutil.Process().net_connections() if c.status == 'LISTEN'}\n"
+        "assert torch.distributed.get_world_size() == 1 and int(os.environ['BUSY']) not in ports\n"
+        "print('ok')\n"
+    )
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        port = busy.getsockname()[1]
-        for key, value in {"MASTER_PORT": str(port), "MASTER_ADDR": "10.0.0.9", "WORLD_SIZE": "1"}.items():
-            monkeypatch.setenv(key, value)
-        setup_single_process_env()
-        assert os.environ["MASTER_ADDR"] == "127.0.0.1" and int(os.environ["MASTER_PORT"]) != port
-        with socket.socket() as mine:
-            mine.bind(("127.0.0.1", int(os.environ["MASTER_PORT"])))  # free
-        monkeypatch.setenv("WORLD_SIZE", "2")  # a multi-rank launcher's values are kept
-        monkeypatch.setenv("MASTER_PORT", str(port))
-        setup_single_process_env()
-        assert os.environ["MASTER_PORT"] == str(port)
+        env = {**os.environ, "MASTER_PORT": str(busy.getsockname()[1]), "BUSY": str(busy.getsockname()[1])}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]

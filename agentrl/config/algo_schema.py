@@ -151,3 +151,30 @@ class LearnerConfig(Section):
     threads: PosInt | None = None
     # Linear learning-rate warm-up, in optimizer steps.
     warmup_steps: NonNegInt = 0
+    # DeepSpeed ranks in the learner group, one Ray actor each (NCCL on GPUs, gloo on CPU). Every
+    # rank reads the whole step and trains its share of each mini-batch; the update equals one
+    # rank's. ZeRO partitions model states across them (stage 3: parameters too).
+    num_ranks: PosInt = 1
+    # Recompute the policy's (and critic's) decoder activations in backward instead of keeping
+    # them: less activation memory for ~1/3 more compute (HF gradient checkpointing).
+    gradient_checkpointing: Bool = False
+    # Keep AdamW's state and fp32 master weights in host memory (DeepSpeed ZeRO-Offload; ZeRO 1-3).
+    offload_optimizer: Bool = False
+    # Keep partitioned parameters in host memory between uses (ZeRO-Infinity; needs zero_stage 3).
+    offload_params: Bool = False
+    # Pack a micro-batch's episodes end to end in one row (positions and attention restart per
+    # episode) instead of padding each to the longest: no compute on padding.
+    packing: Bool = False
+    # Token budget per micro-batch: episodes are added (length-sorted) until the next would pass
+    # it; replaces micro_batch_size as the limit. null = micro_batch_size episodes per micro-batch.
+    max_tokens_per_micro_batch: PosInt | None = None
+
+    @model_validator(mode="after")
+    def _offload_needs_zero(self) -> "LearnerConfig":
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("learner.offload_optimizer=true needs learner.zero_stage 1-3 (ZeRO-Offload moves the "
+                             "partitioned optimizer state)")
+        if self.offload_params and self.zero_stage != 3:
+            raise ValueError(f"learner.offload_params=true needs learner.zero_stage=3 (got {self.zero_stage}): only "
+                             "ZeRO-3 partitions the parameters it would offload")
+        return self

@@ -16,29 +16,31 @@ import torch
 from torch import Tensor, nn
 
 from agentrl.algos.critic import value_loss
-from agentrl.engines.deepspeed_setup import reset_prestepped_optimizer_state
+from agentrl.engines.deepspeed_setup import enable_layer_checkpointing, reset_prestepped_optimizer_state
+from agentrl.engines.hf_policy import micro_batch_values
 
 if TYPE_CHECKING:
     from agentrl.engines.micro_batch import MicroBatch
 
 
 class _Values(nn.Module):
-    """forward(input_ids, attention_mask) -> values [B, T] (see the module docstring)."""
+    """forward(*MicroBatch.forward_args()) -> values [B, T] in the padded layout (see the module
+    docstring), for padded and packed micro-batches alike."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        scores = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[..., 0].float()
-        return torch.cat([scores.new_zeros(scores.shape[0], 1), scores[:, :-1]], dim=1)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                unpack_index: Tensor | None = None) -> Tensor:
+        return micro_batch_values(self.model, input_ids, attention_mask, position_ids, unpack_index)
 
 
 class DeepSpeedCritic:
     """One optimizer step per learner step (whatever ``learner.ppo_epochs``); its weights live
     only in the learner actor (not saved with the policy checkpoint)."""
 
-    def __init__(self, model_path: str, critic_cfg: Any, ds_config: dict, seed: int = 0):
+    def __init__(self, model_path: str, critic_cfg: Any, ds_config: dict, seed: int = 0, gradient_checkpointing: bool = False):
         import deepspeed
         from transformers import AutoModelForTokenClassification
 
@@ -46,24 +48,32 @@ class DeepSpeedCritic:
         torch.manual_seed(seed + 1)
         model = AutoModelForTokenClassification.from_pretrained(model_path, num_labels=1, dtype=torch.float32)
         model.eval()  # no dropout: values must be deterministic for the clipped loss
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         optimizer = torch.optim.AdamW(model.parameters(), lr=critic_cfg.lr, weight_decay=0.0)
         self.engine, _, _, _ = deepspeed.initialize(model=_Values(model), optimizer=optimizer, config=ds_config)
         self.engine.eval()
+        if gradient_checkpointing:
+            enable_layer_checkpointing(self.engine.module)
         reset_prestepped_optimizer_state(self.engine)
 
     @torch.no_grad()
-    def values(self, ids: Tensor, attn: Tensor) -> Tensor:
-        return self.engine(ids, attn).float()
+    def values(self, *forward_args: Tensor | None) -> Tensor:
+        """Values [B, T] of a micro-batch given as ``MicroBatch.forward_args()`` (or ids, mask)."""
+        return self.engine(*forward_args).float()
 
-    def train(self, micro: list[MicroBatch], n_tokens: int) -> dict[str, float]:
+    def train(self, micro: list[MicroBatch], n_tokens: int, loss_scale: int = 1) -> dict[str, float]:
         """One optimizer step on the clipped value loss over the micro-batches (their
-        ``old_values`` and ``returns`` filled in by the learner); ``n_tokens``: their policy tokens."""
+        ``old_values`` and ``returns`` filled in by the learner); ``n_tokens``: the whole step's
+        policy tokens (every rank's). In a learner group of N ranks ``loss_scale`` = N (DeepSpeed
+        averages the ranks' gradients; the step's gradient is their sum), and the returned
+        statistics are this rank's shares of sums over the step."""
         out = {"critic/loss": 0.0, "critic/clip_frac": 0.0, "critic/explained_var": 0.0}
         for k, m in enumerate(micro):
             self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
-            v = self.engine(m.input_ids, m.attention_mask)
+            v = self.engine(*m.forward_args())
             loss, st = value_loss(v, m.old_values, m.returns, m.response_mask, self.cfg.value_clip, n_tokens)
-            self.engine.backward(loss)
+            self.engine.backward(loss * loss_scale if loss_scale != 1 else loss)
             share = float(m.response_mask.sum()) / n_tokens
             out["critic/loss"] += float(loss.detach())
             out["critic/clip_frac"] += float(st.get("vf_clip_frac", 0.0)) * share

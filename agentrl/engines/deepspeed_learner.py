@@ -1,6 +1,9 @@
-"""The policy learner: a single-process DeepSpeed engine that runs the PPO-clip / GRPO update.
+"""The policy learner: one rank's DeepSpeed engine that runs the PPO-clip / GRPO update.
 
-Designed to live inside one Ray actor (world size 1 per learner), on CPU (gloo) or GPU (nccl).
+Lives inside one Ray actor per rank (``runtime/learner.py``), on CPU (gloo) or GPU (NCCL). With
+``learner.num_ranks`` > 1 every rank gets the whole step and trains its share of each mini-batch
+(``engines/learner_shards.py``): the update is the one a single rank would make, with ZeRO
+partitioning the model states across the ranks.
 
 Gradient accumulation is done by us, not by DeepSpeed's micro-step counter: a step's batch is
 split into however many micro-batches it needs (batch sizes vary with group filtering), every
@@ -24,8 +27,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -34,17 +37,27 @@ from agentrl.algos.critic import gae, whiten
 from agentrl.algos.losses import PolicyLossConfig, is_weight_sums, policy_loss, rollout_stats
 from agentrl.algos.registry import estimator_for
 from agentrl.api import MicroBatch, TrainBatch
-from agentrl.engines.deepspeed_setup import build_ds_config, reset_prestepped_optimizer_state, setup_single_process_env
+from agentrl.engines.deepspeed_setup import (
+    adamw,
+    build_ds_config,
+    enable_layer_checkpointing,
+    init_process_group,
+    reset_prestepped_optimizer_state,
+)
 from agentrl.engines.explorer import Explorer
-from agentrl.engines.hf_policy import pad_batch, token_logprobs
-from agentrl.engines.micro_batch import pad_micro_batch
+from agentrl.engines.hf_policy import micro_batch_logprobs, pad_batch, token_logprobs
+from agentrl.engines.learner_shards import plan_mini_batch
+from agentrl.engines.lora import apply_lora, iter_merged_weights, lora_enabled, unwrap_base
+from agentrl.engines.micro_batch import pack_micro_batch, pad_micro_batch, split_micro_batches
+from agentrl.engines.step_metrics import StepMetrics, all_reduce_sums
 from agentrl.weight_sync.object_store import weights_to_blob
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class _PolicyLogprobs(nn.Module):
-    """nn.Module handed to DeepSpeed: forward(input_ids, attention_mask) -> (logprobs, entropy).
+    """nn.Module handed to DeepSpeed: forward(*MicroBatch.forward_args()) -> (logprobs, entropy), in
+    the padded [B, T] layout whether the micro-batch is padded or packed.
 
     The entropy carries a gradient only when an entropy bonus is configured (it costs memory).
     Logprobs are of the tempered policy softmax(logits / temperature) the rollouts sampled from."""
@@ -55,63 +68,20 @@ class _PolicyLogprobs(nn.Module):
         self.entropy_grad = entropy_grad
         self.temperature = temperature
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        return token_logprobs(self.model, input_ids, attention_mask, with_entropy=True, entropy_grad=self.entropy_grad,
-                              temperature=self.temperature)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                unpack_index: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return micro_batch_logprobs(self.model, input_ids, attention_mask, position_ids, unpack_index, with_entropy=True,
+                                    entropy_grad=self.entropy_grad, temperature=self.temperature)
 
 
-class _StepMetrics:
-    """A step's metrics, as token-weighted means over its whole batch.
+@dataclass
+class _MiniBatch:
+    """This rank's micro-batches of one mini-batch (empty ones included: see learner_shards) and
+    the whole mini-batch's counts, which normalize its loss on every rank."""
 
-    Loss terms (``loss``, ``pg_loss``, ``kl``, ``entropy_bonus``) are weighted by each
-    mini-batch's share of what the loss averages over (tokens, or sequences under
-    ``seq_mean_token_mean``), ``clip_frac`` and ``approx_kl`` by tokens; both are averaged over the
-    epochs. pi_old diagnostics (``entropy``, ``is_weight_mean``, ``logprob_mismatch``) come from the
-    first epoch."""
-
-    _LOSS_TERMS = ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "entropy_bonus")
-    _PI_OLD = ("is_weight_mean", "logprob_mismatch", "entropy")
-
-    def __init__(self, n_tokens: int, n_sequences: int, loss_agg: str):
-        self.n_tokens, self.n_sequences, self.loss_agg = n_tokens, n_sequences, loss_agg
-        self.sums = dict.fromkeys(self._LOSS_TERMS, 0.0)
-        self.pi_old = dict.fromkeys(self._PI_OLD, 0.0)
-        self.explorer = {"weight_sum": 0.0, "clipped": 0.0, "tokens": 0.0}  # RSPO: IS weights on B's tokens
-        self.grad_norms: list[float] = []
-
-    def add_loss(self, loss: Tensor, stats: dict[str, Tensor], n_micro: int, n_mini: int, seqs_mini: int) -> None:
-        """One micro-batch's ``policy_loss`` (of a mini-batch with n_mini tokens, seqs_mini sequences)."""
-        share = n_mini / self.n_tokens if self.loss_agg == "token_mean" else seqs_mini / self.n_sequences
-        for key in ("entropy_bonus", "kl"):
-            if key in stats:
-                self.sums[key] += float(stats[key]) * share
-        self.sums["loss"] += float(loss.detach()) * share
-        self.sums["pg_loss"] += float(stats["pg_loss"]) * share
-        for key in ("clip_frac", "approx_kl"):
-            self.sums[key] += float(stats[key]) * float(n_micro) / self.n_tokens
-
-    def add_pi_old(self, stats: dict[str, Tensor]) -> None:
-        """One micro-batch's ``rollout_stats``, already normalized by the batch's token count."""
-        for key, value in stats.items():
-            self.pi_old[key] += float(value)
-
-    def add_explorer(self, sums: dict[str, float]) -> None:
-        """One micro-batch's ``is_weight_sums`` over the explorer's tokens."""
-        for key, value in sums.items():
-            self.explorer[key] += value
-
-    def result(self, epochs: int, with_rollout: bool, extra: dict[str, float], **fields: float) -> dict[str, float]:
-        out = {k: v / float(epochs) for k, v in self.sums.items()}
-        if self.explorer["tokens"]:
-            n = self.explorer["tokens"]
-            out.update({"rspo/is_weight_mean": self.explorer["weight_sum"] / n,
-                        "rspo/is_clip_frac": self.explorer["clipped"] / n, "rspo/explorer_tokens_trained": n})
-        out.update(self.pi_old)
-        out.update(extra)
-        if not with_rollout:
-            out.pop("is_weight_mean"), out.pop("logprob_mismatch")
-        out.update(grad_norm=sum(self.grad_norms) / len(self.grad_norms), optimizer_steps=float(len(self.grad_norms)), **fields)
-        return out
+    micro: list[MicroBatch]
+    n_tokens: int
+    n_sequences: int
 
 
 class DeepSpeedLearner:
@@ -122,13 +92,14 @@ class DeepSpeedLearner:
     """
 
     def __init__(self, model_path: str, learner_cfg: Any, algo_cfg: Any, dtype: str = "float32", seed: int = 0,
-                 temperature: float = 1.0, rspo_cfg: Any = None):
+                 temperature: float = 1.0, rspo_cfg: Any = None, lora_cfg: Any = None):
         """``temperature``: the rollouts' sampling temperature. The policy, the reference and the
         PPO ratio are all scored under softmax(logits / temperature), the distribution the
         episodes were drawn from (as verl does); greedy decoding is unchanged by it. ``rspo_cfg``
         (an enabled ``RspoConfig``): build RSPO's explorer (``engines/explorer.py``) and cap the IS
-        weights of its rows at ``rspo.is_cap``."""
-        setup_single_process_env()
+        weights of its rows at ``rspo.is_cap``. ``lora_cfg`` (``model.lora`` with rank > 0): train
+        LoRA adapters only (``engines/lora.py``); the engines get merged weights, and the frozen
+        reference is the policy with its adapters switched off (no second copy of the model)."""
         import logging
 
         import deepspeed  # after the env is set: the accelerator is chosen at import
@@ -148,8 +119,10 @@ class DeepSpeedLearner:
         self.version = 0
         self._deepspeed = deepspeed
         t0 = time.perf_counter()
-        if not torch.distributed.is_initialized():
-            deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
+        if not torch.distributed.is_initialized():  # a learner group's rank actor has set it up already
+            init_process_group()
+        deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
+        self.rank, self.world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         self.init_distributed_s = time.perf_counter() - t0
 
         self.seed = seed
@@ -161,10 +134,15 @@ class DeepSpeedLearner:
         self.pad_id = next((v for v in (cfg.pad_token_id, cfg.eos_token_id, 0) if isinstance(v, int)), 0)
         self.tied_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
 
+        if learner_cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.lora = lora_enabled(lora_cfg)
+        if self.lora:
+            model = apply_lora(model, lora_cfg)
         self.engine = self._build_engine(model)
         self.device = self.engine.device
         self.ref_model: nn.Module | None = None
-        if algo_cfg.kl_coef > 0:
+        if algo_cfg.kl_coef > 0 and not self.lora:
             ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=_TORCH_DTYPES[dtype])
             self.ref_model = ref.to(self.device).eval().requires_grad_(False)
 
@@ -175,7 +153,8 @@ class DeepSpeedLearner:
             if algo_cfg.critic is None:
                 raise ValueError(f"algo.advantage={algo_cfg.advantage} needs algo.critic")
             self.critic = DeepSpeedCritic(algo_cfg.critic.path or model_path, algo_cfg.critic,
-                                          build_ds_config(learner_cfg, dtype), seed=seed)
+                                          build_ds_config(learner_cfg, dtype), seed=seed,
+                                          gradient_checkpointing=learner_cfg.gradient_checkpointing)
         self.explorer: Explorer | None = None
         if rspo_cfg is not None:
             self.explorer = Explorer(rspo_cfg.explorer_lr or learner_cfg.lr, rspo_cfg.explorer_steps, rspo_cfg.grad_clip,
@@ -187,13 +166,7 @@ class DeepSpeedLearner:
         """The DeepSpeed engine around ``_PolicyLogprobs(model)``: AdamW, linear LR warm-up over
         ``learner.warmup_steps``, ``build_ds_config``; Adam state as if no step was taken."""
         lcfg = self.learner_cfg
-        optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=lcfg.lr,
-            betas=tuple(lcfg.betas),
-            eps=lcfg.adam_eps,
-            weight_decay=lcfg.weight_decay,
-        )
+        optimizer = adamw([p for p in model.parameters() if p.requires_grad], lcfg)
         warmup = lcfg.warmup_steps
 
         def lr_lambda(step: int) -> float:  # step = optimizer steps taken so far
@@ -206,6 +179,8 @@ class DeepSpeedLearner:
             config=build_ds_config(lcfg, self.dtype),
         )
         engine.eval()
+        if lcfg.gradient_checkpointing:
+            enable_layer_checkpointing(engine.module)
         reset_prestepped_optimizer_state(engine)
         return engine
 
@@ -252,8 +227,8 @@ class DeepSpeedLearner:
             raise ValueError("batch has token_rewards but this learner has no critic (the estimator must declare needs_critic)")
 
         minis = self._build_mini_batches(batch)
-        micro = [m for mini in minis for m in mini]
-        n_tok = sum(m.n_tokens for m in micro)
+        micro = [m for mini in minis for m in mini.micro]
+        n_tok = sum(mini.n_tokens for mini in minis)
         self.version += 1
         lr = float(self.engine.get_lr()[0])
         if n_tok == 0:  # nothing to learn from: skip the optimizer step (AdamW would still decay)
@@ -264,47 +239,65 @@ class DeepSpeedLearner:
         # the policy as it was before this step (PPO's pi_old), computed up front.
         precompute_old = lcfg.ppo_epochs > 1 or len(minis) > 1
         self._reference_and_old_passes(micro, precompute_old)
-        metrics = _StepMetrics(n_tok, sum(m.n_sequences for m in micro), acfg.loss_agg)
+        metrics = StepMetrics(n_tok, sum(mini.n_sequences for mini in minis), acfg.loss_agg)
         for epoch in range(lcfg.ppo_epochs):
             for mini in minis:
                 self._train_mini_batch(mini, metrics, first_epoch=epoch == 0)
         if use_critic:
-            critic_stats.update(self.critic.train(micro, n_tok))
+            critic_stats.update(all_reduce_sums(self.critic.train(micro, n_tok, loss_scale=self.world)))
+        metrics.all_reduce()
         return metrics.result(
             epochs=lcfg.ppo_epochs, with_rollout=batch.rollout_logprobs is not None, extra=critic_stats,
             lr=lr, tokens=float(n_tok), sequences=float(len(batch)), version=float(self.version),
             step_time_s=time.perf_counter() - t0,
         )
 
-    def _build_mini_batches(self, batch: TrainBatch) -> list[list[MicroBatch]]:
-        """The step's random mini-batches (``_mini_batches``), each as length-sorted padded
-        micro-batches (``_micro_batches``)."""
+    def _build_mini_batches(self, batch: TrainBatch) -> list[_MiniBatch]:
+        """The step's random mini-batches (``_mini_batches``), each as this rank's share of its
+        length-sorted micro-batches (``learner_shards.plan_mini_batch``; padded, or packed with
+        ``learner.packing``), plus the empty micro-batches that keep the ranks in step."""
+        lcfg = self.learner_cfg
         lengths = [len(s) for s in batch.input_ids]
-        n = len(lengths)
-        return [[pad_micro_batch(batch, rows, self.pad_id, self.device) for rows in self._micro_batches(n, lengths, subset)]
-                for subset in self._mini_batches(n)]
+        tokens = [sum(1 for x in mask if x > 0) for mask in batch.response_mask]
+        make = pack_micro_batch if lcfg.packing else pad_micro_batch
+
+        def split(rows: list[int]) -> list[list[int]]:
+            return split_micro_batches(rows, lengths, lcfg.micro_batch_size, lcfg.max_tokens_per_micro_batch,
+                                       packed=lcfg.packing)
+
+        minis = []
+        for subset in self._mini_batches(len(lengths)):
+            plan = plan_mini_batch(subset, lengths, tokens, self.rank, self.world, split)
+            micro = [make(batch, rows, self.pad_id, self.device) for rows in plan.rows]
+            if plan.n_empty:
+                filler = make(batch, [plan.filler_row], self.pad_id, self.device)
+                micro += [replace(filler, response_mask=torch.zeros_like(filler.response_mask)) for _ in range(plan.n_empty)]
+            minis.append(_MiniBatch(micro, plan.n_tokens, plan.n_sequences))
+        return minis
 
     @torch.no_grad()
     def _reference_and_old_passes(self, micro: list[MicroBatch], precompute_old: bool) -> None:
         """Reference logprobs when the KL is in the loss; pi_old logprobs and entropy up front when
         the policy moves within the step (else the first training forward gives them)."""
         acfg = self.algo_cfg
-        use_kl = self.ref_model is not None and acfg.kl_coef > 0 and acfg.kl_in == "loss"
+        use_kl = acfg.kl_coef > 0 and acfg.kl_in == "loss"
         for m in micro:
             if use_kl:
-                m.ref_logprobs = token_logprobs(self.ref_model, m.input_ids, m.attention_mask, temperature=self.temperature)
+                m.ref_logprobs = self._reference(micro_batch_logprobs, *m.forward_args(), temperature=self.temperature)
             if precompute_old:
-                m.old_logprobs, m.old_entropy = self.engine(m.input_ids, m.attention_mask)
+                m.old_logprobs, m.old_entropy = self.engine(*m.forward_args())
 
-    def _train_mini_batch(self, mini: list[MicroBatch], metrics: _StepMetrics, first_epoch: bool) -> None:
-        """Accumulate the gradient of every micro-batch's loss, then take one optimizer step."""
-        n_mini, seqs_mini = sum(m.n_tokens for m in mini), sum(m.n_sequences for m in mini)
+    def _train_mini_batch(self, mini: _MiniBatch, metrics: StepMetrics, first_epoch: bool) -> None:
+        """Accumulate the gradient of every micro-batch's loss, then take one optimizer step.
+        Each rank's loss is scaled by the number of ranks: DeepSpeed averages the ranks' gradients,
+        and the mini-batch's gradient is their sum (see learner_shards)."""
+        n_mini, seqs_mini = mini.n_tokens, mini.n_sequences
         if n_mini == 0:
             return
-        for k, m in enumerate(mini):
-            self.engine.set_gradient_accumulation_boundary(k == len(mini) - 1)
+        for k, m in enumerate(mini.micro):
+            self.engine.set_gradient_accumulation_boundary(k == len(mini.micro) - 1)
             loss, stats = self._micro_batch_loss(m, n_mini, seqs_mini)
-            self.engine.backward(loss)
+            self.engine.backward(loss * self.world if self.world > 1 else loss)
             metrics.add_loss(loss, stats, m.n_tokens, n_mini, seqs_mini)
             if first_epoch:
                 metrics.add_pi_old(rollout_stats(m.old_logprobs, m.response_mask, rollout_logprobs=m.rollout_logprobs,
@@ -319,7 +312,7 @@ class DeepSpeedLearner:
     def _micro_batch_loss(self, m: MicroBatch, n_mini: int, seqs_mini: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Policy forward and ``policy_loss`` of one micro-batch of a mini-batch with ``n_mini``
         policy tokens in ``seqs_mini`` sequences."""
-        lp, ent = self.engine(m.input_ids, m.attention_mask)
+        lp, ent = self.engine(*m.forward_args())
         if m.old_logprobs is None:  # one epoch, one mini-batch: pi_old is this very forward
             m.old_logprobs, m.old_entropy = lp.detach(), ent.detach()
         return policy_loss(
@@ -341,28 +334,38 @@ class DeepSpeedLearner:
         values and returns for the critic's update."""
         ccfg = self.algo_cfg.critic
         for m in micro:
-            m.old_values = self.critic.values(m.input_ids, m.attention_mask)
+            m.old_values = self.critic.values(*m.forward_args())
             m.advantages, m.returns = gae(m.advantages, m.old_values, m.response_mask, ccfg.gamma, ccfg.lam)
         if ccfg.whiten_advantages and n_tok > 1:
-            # whiten over the whole step's tokens, not per micro-batch
-            flat = whiten(torch.cat([m.advantages[m.response_mask] for m in micro]), torch.ones(n_tok, dtype=torch.bool))
+            # whiten over the whole step's tokens (every rank's), not per micro-batch
+            flat = torch.cat([m.advantages[m.response_mask] for m in micro])
+            flat = whiten(flat, torch.ones_like(flat, dtype=torch.bool)) if self.world == 1 else _whiten_across_ranks(flat)
             for m, part in zip(micro, torch.split(flat, [m.n_tokens for m in micro])):
                 m.advantages = torch.zeros_like(m.advantages).masked_scatter(m.response_mask, part)
         values = torch.cat([m.old_values[m.response_mask] for m in micro])
-        return {"critic/value_mean": float(values.mean()) if values.numel() else 0.0}
+        total = all_reduce_sums({"sum": float(values.sum()), "n": float(values.numel())})
+        return {"critic/value_mean": total["sum"] / total["n"] if total["n"] else 0.0}
 
     @torch.no_grad()
     def reference_logprobs(self, input_ids: Sequence[Sequence[int]]) -> list[list[float]]:
         """Frozen-reference token logprobs (for KL in the reward), one list per sequence."""
-        if self.ref_model is None:
+        if self.algo_cfg.kl_coef <= 0:
             raise ValueError("no reference model: algo.kl_coef is 0")
         out: list[list[float]] = [[] for _ in input_ids]
         for idx in self._micro_batches(len(input_ids), [len(s) for s in input_ids]):
             ids, attn = pad_batch([input_ids[i] for i in idx], self.pad_id, device=self.device)
-            lp = token_logprobs(self.ref_model, ids, attn, temperature=self.temperature)
+            lp = self._reference(token_logprobs, ids, attn, temperature=self.temperature)
             for row, i in enumerate(idx):
                 out[i] = lp[row, : len(input_ids[i])].float().cpu().tolist()
         return out
+
+    def _reference(self, logprobs_fn, *args, **kwargs) -> Tensor:
+        """``logprobs_fn`` (``token_logprobs`` or ``micro_batch_logprobs``) under the frozen
+        reference: its own model, or with LoRA the policy with its adapters switched off."""
+        if not self.lora:
+            return logprobs_fn(self.ref_model, *args, **kwargs)
+        with torch.no_grad(), self.hf_model.disable_adapter():
+            return logprobs_fn(self.hf_model, *args, **kwargs)
 
     def _needs_manual_grad_norm(self) -> bool:
         """ZeRO-0 in fp32 clips with a helper whose norm DeepSpeed discards; compute it ourselves."""
@@ -388,25 +391,33 @@ class DeepSpeedLearner:
         return out
 
     @torch.no_grad()
+    def inference_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, full weight on CPU in the training dtype), one tensor at a time.
+
+        Under ZeRO-3 each parameter is gathered alone and released before the next, so no rank
+        ever holds the whole model twice; every rank of the group must iterate in step (a gather
+        is a collective), while only rank 0 uses the tensors. ``lm_head.weight`` is skipped when
+        embeddings are tied: it is ``model.embed_tokens.weight``, and inference engines re-tie it
+        on load (sending it twice would double the sync payload)."""
+        gather = self._deepspeed.zero.GatheredParameters
+        if self.lora:  # W + scaling * B @ A per adapted layer, gathered one module at a time
+            for name, t in iter_merged_weights(self.hf_model, gather=lambda ps: gather(ps, modifier_rank=None), device="cpu"):
+                if not (self.tied_embeddings and name == "lm_head.weight"):
+                    yield name, t
+            return
+        for name, t in self.hf_model.state_dict(keep_vars=True).items():
+            if self.tied_embeddings and name == "lm_head.weight":
+                continue
+            if hasattr(t, "ds_id"):  # a ZeRO-3 partition
+                with gather([t], modifier_rank=None):
+                    full = t.detach().to("cpu", copy=True)
+            else:
+                full = t.detach().to("cpu", copy=True)
+            yield name, full.contiguous()
+
     def state_dict_for_inference(self) -> dict[str, Tensor]:
-        """Full (unpartitioned) weights on CPU in the training dtype, HF key names.
-
-        Under ZeRO-3 parameters are gathered first. ``lm_head.weight`` is dropped when embeddings
-        are tied: it is the same tensor as ``model.embed_tokens.weight`` and inference engines
-        re-tie it on load (sending it twice would double the sync payload)."""
-        model = self.hf_model
-
-        def collect() -> dict[str, Tensor]:
-            return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
-
-        if self.learner_cfg.zero_stage == 3:
-            with self._deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
-                sd = collect()
-        else:
-            sd = collect()
-        if self.tied_embeddings:
-            sd.pop("lm_head.weight", None)
-        return sd
+        """``inference_weights`` as one dict (the object-store sync and ``save_pretrained``)."""
+        return dict(self.inference_weights())
 
     def weights_blob(self) -> bytes:
         """``state_dict_for_inference`` as the object-store sync's safetensors blob."""
@@ -417,7 +428,7 @@ class DeepSpeedLearner:
         advantages of A's episodes, ``algos.rspo.explorer_batch``); A is not touched."""
         if self.explorer is None:
             raise ValueError("this learner has no explorer (rspo is not enabled)")
-        return self.explorer.derive(self.hf_model, batch, self.pad_id, self.device)
+        return self.explorer.derive(self.hf_model, batch, self.pad_id, self.device, self.rank, self.world)
 
     def explorer_logprobs(self, input_ids: Sequence[Sequence[int]]) -> list[list[float]]:
         """Token logprobs under the explorer (None derived yet: raises)."""
@@ -431,9 +442,12 @@ class DeepSpeedLearner:
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> None:
         """HF folder (config + safetensors weights) of the current policy; the caller copies the
-        tokenizer. Weights keep the training dtype."""
+        tokenizer. Weights keep the training dtype. Every rank of a group calls it (ZeRO-3
+        gathers); rank 0 writes."""
         sd = self.state_dict_for_inference()
-        model = self.hf_model
+        if self.rank != 0:
+            return
+        model = unwrap_base(self.hf_model)  # with LoRA: the plain model's folder, merged weights
         model.config.dtype = next(iter(sd.values())).dtype if sd else torch.float32
         model.save_pretrained(str(out_dir), state_dict=sd)
 
@@ -447,6 +461,17 @@ class DeepSpeedLearner:
         if self.critic is not None:
             self.critic.close()
             self.critic = None
+
+
+def _whiten_across_ranks(flat: Tensor, eps: float = 1e-8) -> Tensor:
+    """``algos.critic.whiten`` of the tokens of every rank together (population variance, as there)."""
+    stats = torch.tensor([float(flat.double().sum()), float(flat.numel())], dtype=torch.float64)
+    torch.distributed.all_reduce(stats)
+    mean = stats[0] / stats[1].clamp(min=1)
+    sq = ((flat.double() - mean) ** 2).sum().reshape(1)
+    torch.distributed.all_reduce(sq)
+    var = sq[0] / stats[1].clamp(min=1)
+    return ((flat.double() - mean) * torch.rsqrt(var + eps)).to(flat.dtype)
 
 
 __all__ = ["DeepSpeedLearner", "build_ds_config"]

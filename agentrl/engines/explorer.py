@@ -25,7 +25,10 @@ from torch import nn
 from agentrl.algos.losses import PolicyLossConfig, aggregate_tokens, kl_penalty, policy_loss
 from agentrl.api import TrainBatch
 from agentrl.engines.hf_policy import pad_batch, token_logprobs
+from agentrl.engines.learner_shards import rank_rows
+from agentrl.engines.lora import is_peft_model, merged_weights
 from agentrl.engines.micro_batch import pad_micro_batch
+from agentrl.engines.step_metrics import all_reduce_sums
 
 
 class Explorer:
@@ -40,14 +43,21 @@ class Explorer:
         self.model: nn.Module | None = None
         self.derivations = 0
 
-    def derive(self, policy: nn.Module, batch: TrainBatch, pad_id: int, device) -> dict[str, float]:
-        """B := ``policy`` (A) plus ``steps`` AdamW steps on ``batch``; returns ``rspo/*`` metrics."""
+    def derive(self, policy: nn.Module, batch: TrainBatch, pad_id: int, device, rank: int = 0,
+               world: int = 1) -> dict[str, float]:
+        """B := ``policy`` (A) plus ``steps`` AdamW steps on ``batch``; returns ``rspo/*`` metrics.
+
+        In a learner group every rank derives B from the same batch: each computes the gradient
+        of its share of the rows (``learner_shards.rank_rows``), normalized by the whole batch's
+        token count, and the ranks' gradients are summed before each step, so every rank holds
+        the same B that one rank would derive."""
         t0 = time.perf_counter()
         self._copy_from(policy)
-        order = sorted(range(len(batch)), key=lambda i: len(batch.input_ids[i]))
+        lengths = [len(ids) for ids in batch.input_ids]
+        order = rank_rows(range(len(batch)), lengths, rank, world)
         micro = [pad_micro_batch(batch, order[i : i + self.micro_batch_size], pad_id, device)
                  for i in range(0, len(order), self.micro_batch_size)]
-        n_tok = sum(m.n_tokens for m in micro)
+        n_tok = sum(1 for mask in batch.response_mask for x in mask if x > 0)
         if n_tok == 0:
             return {"rspo/explorer_tokens": 0.0}
         if self.steps > 1:  # pi_old of the derivation = B before its first step = A, needed up front
@@ -66,20 +76,24 @@ class Explorer:
                                       rollout_logprobs=m.rollout_logprobs, n_tokens_global=n_tok)
                 loss.backward()
                 total += float(loss.detach())
+            if world > 1:
+                total = _sum_gradients_across_ranks(self.model, total)
             if self.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(total)
         self.derivations += 1
-        return {"rspo/kl_policy_explorer": self._kl_from_policy(micro, n_tok), "rspo/explorer_loss": losses[-1],
+        kl = all_reduce_sums({"kl": self._kl_from_policy(micro, n_tok)})["kl"]
+        return {"rspo/kl_policy_explorer": kl, "rspo/explorer_loss": losses[-1],
                 "rspo/explorer_tokens": float(n_tok), "rspo/derive_seconds": time.perf_counter() - t0}
 
     def _copy_from(self, policy: nn.Module) -> None:
         """B's weights := A's. B is built from A's config, not deep-copied: A's parameters carry
         DeepSpeed's hooks, which a copy must not inherit."""
         self._build(policy)
-        self.model.load_state_dict({k: v.float() for k, v in policy.state_dict().items()})
+        weights = merged_weights(policy, device=None) if is_peft_model(policy) else policy.state_dict()
+        self.model.load_state_dict({k: v.float() for k, v in weights.items()})
         self.model.requires_grad_(True)
 
     def _build(self, policy: nn.Module) -> None:
@@ -128,3 +142,14 @@ class Explorer:
         if self.tied_embeddings:
             sd.pop("lm_head.weight", None)
         return sd
+
+
+def _sum_gradients_across_ranks(model: nn.Module, loss: float) -> float:
+    """SUM the ranks' gradients of ``model`` in place (a parameter no rank's rows reached gets
+    zeros); returns the summed loss."""
+    for p in model.parameters():
+        if p.requires_grad:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            torch.distributed.all_reduce(p.grad)
+    return all_reduce_sums({"loss": loss})["loss"]

@@ -11,6 +11,16 @@ tokens × 8 sequences is ~5 GB in fp32). We run the decoder once, then apply the
 of positions and reduce each chunk to [B, chunk] immediately. When gradients are needed the chunk
 is wrapped in activation checkpointing, so the backward pass also never holds more than one
 chunk of logits (they are recomputed from the hidden states).
+
+Packing (``learner.packing``): a micro-batch can instead be one row of its episodes end to end,
+with ``position_ids`` restarting at 0 at each episode's first token and no ``attention_mask``.
+transformers (5.x, ``masking_utils``) then restricts attention to each episode on its own:
+``_preprocess_mask_arguments`` calls ``find_packed_sequence_indices(position_ids)`` when the 2D
+mask is None and there is no cache, and ``create_causal_mask`` ANDs the causal mask with
+``packed_sequence_mask_function`` (disabling SDPA's ``is_causal`` skip), which the sdpa and eager
+mask builders both materialize; flash-attention derives its varlen boundaries from the same
+position ids. No compute goes to padding. ``unpack`` then puts the packed row's per-token values
+back in the padded [B, T] layout, so the loss, masks and metrics never see the difference.
 """
 
 from __future__ import annotations
@@ -65,6 +75,7 @@ def token_logprobs(
     input_ids: Tensor,
     attention_mask: Tensor | None = None,
     *,
+    position_ids: Tensor | None = None,
     with_entropy: bool = False,
     entropy_grad: bool = False,
     max_logit_elements: int = DEFAULT_MAX_LOGIT_ELEMENTS,
@@ -79,18 +90,21 @@ def token_logprobs(
     returns the entropy of the predictive distribution for each token, aligned the same way
     (detached unless ``entropy_grad``). Differentiable w.r.t. the model parameters when grad is
     enabled.
+
+    A packed row (``position_ids`` [1, N] restarting at 0 per episode, ``attention_mask`` None; see
+    the module docstring) scores each token within its own episode, and every episode's first
+    token gets 0 like position 0 of a padded row. ``unpack`` turns the result into [B, T].
     """
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
     bsz, seqlen = input_ids.shape
+    forward_kwargs = _forward_kwargs(input_ids, attention_mask, position_ids)
     targets = input_ids[:, 1:]
     split = _split_model(model)
     if split is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+        logits = model(input_ids=input_ids, **forward_kwargs).logits[:, :-1]
         lp, ent = _chunk_logprobs(logits, targets, with_entropy, entropy_grad, temperature)
     else:
         decoder, head = split
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        hidden = decoder(input_ids=input_ids, **forward_kwargs).last_hidden_state
         hidden = hidden[:, :-1]
         vocab = getattr(head, "out_features", None) or getattr(model.config, "vocab_size", None) or 1
         chunk = max(1, max_logit_elements // max(1, bsz * vocab))
@@ -110,13 +124,87 @@ def token_logprobs(
             ents.append(ent_c)
         lp = torch.cat(lps, dim=1) if lps else hidden.new_zeros(bsz, 0, dtype=torch.float32)
         ent = torch.cat(ents, dim=1) if ents else lp.detach().clone()
-    valid = attention_mask[:, 1:].bool()
+    valid = _has_context(input_ids, attention_mask, position_ids)[:, 1:]
     zero = lp.new_zeros(bsz, 1)
     lp = torch.cat([zero, torch.where(valid, lp, torch.zeros_like(lp))], dim=1)
     if not with_entropy:
         return lp
     ent = torch.cat([zero, torch.where(valid, ent, torch.zeros_like(ent))], dim=1)
     return lp, (ent if entropy_grad else ent.detach())
+
+
+def _forward_kwargs(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None) -> dict:
+    """Keyword arguments of the HF forward for a padded batch or a packed row.
+
+    A packed row must reach the model without an attention mask: transformers only derives the
+    per-episode mask from ``position_ids`` when the mask is None (an all-ones mask would silently
+    let episodes attend to each other)."""
+    if position_ids is None:
+        return {"attention_mask": torch.ones_like(input_ids) if attention_mask is None else attention_mask, "use_cache": False}
+    if attention_mask is not None:
+        raise ValueError("a packed row (position_ids given) takes no attention_mask: the mask comes from position_ids")
+    if position_ids.shape != input_ids.shape:
+        raise ValueError(f"position_ids {tuple(position_ids.shape)} must have the shape of input_ids {tuple(input_ids.shape)}")
+    return {"position_ids": position_ids, "use_cache": False}
+
+
+def _has_context(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None) -> Tensor:
+    """bool [B, T]: the token is real and has an earlier token of its own sequence to be scored by.
+
+    Padded: position 0 and padding do not. Packed: each episode's first token (position id 0) does not."""
+    if position_ids is not None:
+        return position_ids != 0
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    return real & (torch.arange(input_ids.shape[1], device=input_ids.device) > 0)
+
+
+def unpack(packed: Tensor, index: Tensor) -> Tensor:
+    """Per-token values of a packed row ([1, N] or [N]) in the padded layout [B, T]:
+    ``out[b, t] = packed[index[b, t]]``, 0 where ``index`` is -1 (padding).
+
+    A gather, so gradients flow back into the packed row (and nothing flows from padding)."""
+    flat = packed.reshape(-1)
+    real = index >= 0
+    out = flat[index.clamp(min=0)]
+    return torch.where(real, out, torch.zeros_like(out))
+
+
+def micro_batch_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    position_ids: Tensor | None = None,
+    unpack_index: Tensor | None = None,
+    **kwargs,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """``token_logprobs`` on the arguments of ``MicroBatch.forward_args()`` (either layout),
+    always answered in the padded [B, T] layout; ``kwargs`` go to ``token_logprobs``.
+
+    The arguments are positional so an ``nn.Module`` wrapper (what DeepSpeed calls) can pass
+    ``*m.forward_args()`` straight through."""
+    out = token_logprobs(model, input_ids, attention_mask, position_ids=position_ids, **kwargs)
+    if unpack_index is None:
+        return out
+    return tuple(unpack(t, unpack_index) for t in out) if isinstance(out, tuple) else unpack(out, unpack_index)
+
+
+def micro_batch_values(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    position_ids: Tensor | None = None,
+    unpack_index: Tensor | None = None,
+) -> Tensor:
+    """Values [B, T] fp32 of a token-classification value model (``num_labels=1``) on the
+    arguments of ``MicroBatch.forward_args()`` (either layout), in the padded layout.
+
+    Aligned like the logprobs: ``out[:, t]`` is the score of the hidden state at ``t - 1``, the
+    value of the state token ``t`` is sampled from. 0 where there is no such state in the token's
+    own episode (its first token) and on padding (GAE and the value loss only read policy tokens)."""
+    scores = model(input_ids=input_ids, **_forward_kwargs(input_ids, attention_mask, position_ids)).logits[..., 0].float()
+    values = torch.cat([scores.new_zeros(scores.shape[0], 1), scores[:, :-1]], dim=1)
+    values = torch.where(_has_context(input_ids, attention_mask, position_ids), values, torch.zeros_like(values))
+    return values if unpack_index is None else unpack(values, unpack_index)
 
 
 def pad_batch(

@@ -2,20 +2,23 @@
 
 What a checkpoint's ``learner/`` folder holds:
 
-* ``policy/``: DeepSpeed's ``save_checkpoint`` of the policy engine: module weights, optimizer
+* ``policy/``: DeepSpeed's ``save_checkpoint`` of the policy engine (with LoRA, of the adapters
+  only: the frozen base is reloaded from ``model.path``): module weights, optimizer
   state (AdamW moments and step counts; ZeRO 1-3 partitions and the fp32 master weights of bf16
   and fp16 training included), the LR scheduler (its place in the warm-up) and DeepSpeed's step
   counters;
 * ``critic/``: the same for the PPO critic's engine, when there is one;
-* ``extra.pt``: the policy version, RSPO's explorer (B's weights and derivation count: B is kept
-  between derivations when ``rspo.refresh_every`` > 1) and the learner process's RNG states
-  (torch, Python, NumPy).
+* ``extra.pt``: the policy version, the learner group's size, RSPO's explorer (B's weights and
+  derivation count: B is kept between derivations when ``rspo.refresh_every`` > 1) and rank 0's
+  RNG states (torch, Python, NumPy); ``extra_rank<r>.pt``: rank r's RNG states (r > 0).
 
 DeepSpeed's own checkpoint rather than torch state dicts of module, optimizer and scheduler: it
 knows where each ZeRO stage and mixed-precision wrapper keeps master weights and optimizer
-partitions, so one code path covers ZeRO 0-3 and every dtype. On CPU with world size 1 its round
-trip is bitwise for stages 0-3 (tests/test_resume.py); with more ranks, DeepSpeed reloads ZeRO
-partitions only at the world size they were saved with.
+partitions, so one code path covers ZeRO 0-3 and every dtype. On CPU its round trip is bitwise
+for stages 0-3 (tests/test_resume.py, tests/test_learner_group.py). Every rank of a learner group
+saves and loads together: DeepSpeed writes each rank's optimizer partition as its own file. ZeRO
+partitions reload only at the world size they were saved with, so a restore into a group of
+another size is refused with both sizes named.
 
 The frozen KL reference is not saved: it is always the run's original ``model.path``, which the
 learner loads before any state is restored.
@@ -40,16 +43,25 @@ if TYPE_CHECKING:
 POLICY_TAG, CRITIC_TAG, EXTRA_FILE = "policy", "critic", "extra.pt"
 
 
+def _extra_file(rank: int) -> str:
+    return EXTRA_FILE if rank == 0 else f"extra_rank{rank}.pt"
+
+
 def save_learner_state(learner: DeepSpeedLearner, out_dir: str | Path) -> dict[str, str]:
     """Write the learner's state into ``out_dir``; returns its ``state_digest``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = rng_state()
-    learner.engine.save_checkpoint(str(out), tag=POLICY_TAG, save_latest=False)
+    # with LoRA only the adapters (and their optimizer state) are saved: the frozen base is model.path
+    learner.engine.save_checkpoint(str(out), tag=POLICY_TAG, save_latest=False, exclude_frozen_parameters=learner.lora)
     if learner.critic is not None:
         learner.critic.engine.save_checkpoint(str(out), tag=CRITIC_TAG, save_latest=False)
-    explorer = learner.explorer.state_dict() if learner.explorer is not None else None
-    torch.save({"version": learner.version, "explorer": explorer, "rng": rng}, out / EXTRA_FILE)
+    if learner.rank == 0:
+        explorer = learner.explorer.state_dict() if learner.explorer is not None else None
+        extra = {"version": learner.version, "world_size": learner.world, "explorer": explorer, "rng": rng}
+    else:
+        extra = {"rng": rng}
+    torch.save(extra, out / _extra_file(learner.rank))
     return state_digest(learner, rng)
 
 
@@ -57,17 +69,24 @@ def load_learner_state(learner: DeepSpeedLearner, in_dir: str | Path) -> dict[st
     """Restore what ``save_learner_state`` wrote into a learner built from the run's config and
     ``model.path``; returns the ``state_digest`` of the restored state."""
     src = Path(in_dir)
+    saved_world = int(torch.load(src / EXTRA_FILE, weights_only=False).get("world_size", 1))
+    if saved_world != learner.world:
+        raise ValueError(f"{src}: this checkpoint was saved by a learner group of {saved_world} rank(s), and ZeRO "
+                         f"partitions reload only at that size; resume with learner.num_ranks={saved_world} "
+                         f"(this run has {learner.world})")
     engines = [(learner.engine, POLICY_TAG)] + ([(learner.critic.engine, CRITIC_TAG)] if learner.critic is not None else [])
     for engine, tag in engines:
-        path, _ = engine.load_checkpoint(str(src), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+        path, _ = engine.load_checkpoint(str(src), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True,
+                                         load_module_strict=not (learner.lora and tag == POLICY_TAG))
         if path is None:
             raise FileNotFoundError(f"{src / tag}: no DeepSpeed checkpoint of the {tag}")
-    extra = torch.load(src / EXTRA_FILE, weights_only=False)
-    learner.version = int(extra["version"])
-    if learner.explorer is not None and extra["explorer"] is not None:
-        learner.explorer.load_state_dict(extra["explorer"], learner.hf_model)
-    set_rng_state(extra["rng"])
-    return state_digest(learner, extra["rng"])
+    main = torch.load(src / EXTRA_FILE, weights_only=False)
+    learner.version = int(main["version"])
+    if learner.explorer is not None and main["explorer"] is not None:
+        learner.explorer.load_state_dict(main["explorer"], learner.hf_model)
+    rng = main["rng"] if learner.rank == 0 else torch.load(src / _extra_file(learner.rank), weights_only=False)["rng"]
+    set_rng_state(rng)
+    return state_digest(learner, rng)
 
 
 def rng_state() -> dict[str, Any]:
@@ -82,7 +101,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def state_digest(learner: DeepSpeedLearner, rng: dict[str, Any] | None = None) -> dict[str, str]:
     """sha256 per part of the learner's state: weights, optimizer, LR scheduler, counters, RNG
-    (``rng``, default the current states), and the critic's and explorer's when they exist."""
+    (``rng``, default the current states), and the critic's and explorer's when they exist.
+    The optimizer part is this rank's partition (every rank of a group hashes its own); the
+    weights are gathered in full (a collective under ZeRO-3)."""
     engine = learner.engine
     parts: dict[str, Any] = {
         "module": learner.state_dict_for_inference(),

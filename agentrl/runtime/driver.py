@@ -148,7 +148,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, run_dir: Path, tasks: dict[str, list], resume: Checkpoint | None = None):
-        from agentrl.runtime.learner import LearnerActor
+        from agentrl.runtime.learner_group import LearnerGroup
         from agentrl.runtime.replay_buffer import ReplayBuffer
 
         self.cfg, self.run_dir = cfg, run_dir
@@ -165,8 +165,9 @@ class Trainer:
         self.workers, self.sgls = self.rollout_side.workers, self.rollout_side.sgls
         self.buffer = ReplayBuffer.remote(cfg.buffer.capacity_groups, cfg.buffer.max_staleness)
         # the learner scores tokens under the tempered distribution the rollouts sampled from
-        self.learner = LearnerActor.options(num_cpus=rt.learner_cpus, num_gpus=rt.learner_gpus).remote(
-            model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed, cfg.rollout.temperature, cfg.rspo)
+        self.learner = LearnerGroup.create(model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed,
+                                           cfg.rollout.temperature, cfg.rspo, cpus=rt.learner_cpus, gpus=rt.learner_gpus,
+                                           lora_cfg=cfg.model.lora)
         starts = self.rollout_side.start()
         learner_version = ray.get(self.learner.get_version.remote())
         print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{learner_version})", flush=True)
@@ -331,7 +332,7 @@ class Trainer:
         # the trajectories first: the rollout workers, which own the groups, still live
         for name, part in (("trajectories", self.trajectories.close), ("trace", self.write_trace),
                            ("rods", self._stop_rods), ("rollout side", self.rollout_side.shutdown),
-                           ("metrics", self.metrics.close)):
+                           ("learner", self.learner.kill), ("metrics", self.metrics.close)):
             try:
                 part()
             except Exception as err:  # noqa: BLE001 - logged; raised below unless an error is in flight

@@ -1,9 +1,11 @@
-"""LearnerActor: a thin Ray shell around the DeepSpeed learner.
+"""LearnerActor: a thin Ray shell around one rank of the DeepSpeed learner.
 
 It resolves the ``GroupRef``s handed over by the driver (payloads come straight from the object
 store), turns group rewards into per-token advantages with the configured estimator
 (``runtime.batching`` over the pure functions in ``agentrl.algos``), runs one update, and
-publishes weights as an object ref.
+publishes weights as an object ref. In a learner group (``runtime/learner_group.py``) every rank
+runs the same calls on the same groups: what they compute from them is deterministic, so each
+rank builds the same batch and trains its share of it; rank 0 answers for the group.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from agentrl.runtime.process_env import set_default_env
 @ray.remote
 class LearnerActor:
     def __init__(self, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float = 1.0,
-                 rspo_cfg=None):
-        """``rspo_cfg``: the run's ``RspoConfig`` (None or disabled: no explorer)."""
+                 rspo_cfg=None, rank: int = 0, world_size: int = 1, lora_cfg=None):
+        """``rspo_cfg``: the run's ``RspoConfig`` (None or disabled: no explorer); ``lora_cfg``: the
+        run's ``model.lora`` (None or rank 0: full fine-tuning). A 1-rank learner
+        is built here; rank ``rank`` of a ``world_size``-rank group is built by ``join`` once
+        rank 0 has published its rendezvous address (``rendezvous``)."""
         set_default_env()
-        from agentrl.engines.deepspeed_learner import DeepSpeedLearner
-
         if learner_cfg.threads:  # Ray set OMP_NUM_THREADS from num_cpus; this overrides it
             import torch
 
@@ -35,12 +38,38 @@ class LearnerActor:
         self.algo_cfg = algo_cfg
         self.seed = seed
         self.rspo = rspo_cfg if rspo_cfg is not None and rspo_cfg.enabled else None
-        self.learner = DeepSpeedLearner(model_path, learner_cfg, algo_cfg, dtype=dtype, seed=seed, temperature=temperature,
-                                        rspo_cfg=self.rspo)
         self.explorer_published = -1  # the explorer derivation last handed out (publish_explorer_weights)
         self.model_path = model_path
+        self.rank, self.world_size = rank, world_size
+        self._build = (model_path, learner_cfg, algo_cfg, dtype, seed, temperature, lora_cfg)
+        self._store = None
+        self.learner = None
+        if world_size == 1:
+            self.join(None)
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0 of a group: host the group's rendezvous store; returns its (IP, port)."""
+        from agentrl.engines.deepspeed_setup import host_rendezvous_store
+
+        self._store, address = host_rendezvous_store(self.world_size)
+        return address
+
+    def join(self, address: tuple[str, int] | None) -> int:
+        """Join the group's process group (rank 0 through its own store) and build this rank's
+        learner; returns the policy version. Blocks until every rank has joined."""
+        from agentrl.engines.deepspeed_learner import DeepSpeedLearner
+        from agentrl.engines.deepspeed_setup import init_process_group
+
+        if self.world_size > 1:
+            init_process_group(self.rank, self.world_size, store=self._store, address=tuple(address))
+        model_path, learner_cfg, algo_cfg, dtype, seed, temperature, lora_cfg = self._build
+        self.learner = DeepSpeedLearner(model_path, learner_cfg, algo_cfg, dtype=dtype, seed=seed, temperature=temperature,
+                                        rspo_cfg=self.rspo, lora_cfg=lora_cfg)
+        return self.learner.version
 
     def get_version(self) -> int:
+        if self.learner is None:
+            raise RuntimeError(f"learner rank {self.rank} of {self.world_size} was not built: its join failed (see its log)")
         return self.learner.version
 
     def train(self, group_refs: list[GroupRef]) -> dict[str, float]:
@@ -103,9 +132,19 @@ class LearnerActor:
         return [kl_penalty(torch.tensor(e.logprobs), torch.tensor(r), self.algo_cfg.kl_estimator).tolist()
                 for e, r in zip(episodes, refs)]
 
-    def publish_weights(self) -> list:
-        """The current weights as a safetensors blob in the object store (wrapped ref)."""
+    def publish_weights(self) -> list | None:
+        """The current weights as a safetensors blob in the object store (wrapped ref); ranks > 0
+        take part in the ZeRO-3 gathers and return None."""
+        if self.rank != 0:
+            self.gather_weights()
+            return None
         return [ray.put(self.learner.weights_blob())]
+
+    def gather_weights(self) -> None:
+        """Ranks > 0: walk the weights in step with rank 0's gathers (ZeRO-3; else nothing to do)."""
+        if self.learner.learner_cfg.zero_stage == 3:
+            for _ in self.learner.inference_weights():
+                pass
 
     # ---- runtime.weight_sync=nccl (see agentrl.weight_sync.nccl; GPU only)
     def nccl_endpoint(self) -> tuple[str, int]:
@@ -150,7 +189,9 @@ class LearnerActor:
         import shutil
         from pathlib import Path
 
-        self.learner.save_pretrained(out_dir)
+        self.learner.save_pretrained(out_dir)  # every rank gathers; rank 0 writes
+        if self.rank != 0:
+            return out_dir
         for f in Path(self.model_path).glob("*token*"):
             shutil.copy(f, Path(out_dir) / f.name)
         for f in Path(self.model_path).glob("chat_template*"):

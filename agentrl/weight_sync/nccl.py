@@ -164,10 +164,11 @@ def checked(pairs: Iterable[tuple[str, torch.Tensor]], meta: dict[str, list]) ->
 def learner_tensors(ds_learner, device: torch.device | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors of ``DeepSpeedLearner.state_dict_for_inference`` (same names, order, dtypes),
     without the CPU round trip where possible: under ZeRO 0-2 the live parameters are yielded
-    in place (on the learner's GPU); under ZeRO-3 the gathered CPU copies are moved to
-    ``device`` one at a time. ``device=None`` leaves tensors where they are (metadata only)."""
+    in place (on the learner's GPU); under ZeRO-3 each is gathered alone and its CPU copy moved
+    to ``device`` (every rank of a learner group iterates in step). ``device=None`` leaves
+    tensors where they are (metadata only)."""
     if ds_learner.learner_cfg.zero_stage == 3:
-        for name, t in ds_learner.state_dict_for_inference().items():
+        for name, t in ds_learner.inference_weights():
             yield name, (t if device is None else t.to(device))
         return
     for name, t in ds_learner.hf_model.state_dict().items():

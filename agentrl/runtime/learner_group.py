@@ -1,0 +1,120 @@
+"""LearnerGroup: ``learner.num_ranks`` LearnerActor ranks in one placement group, driven as one.
+
+The driver, the weight sync and the checkpoint code call the group as they would call a single
+``LearnerActor`` handle (``group.train.remote(refs)`` returns one ObjectRef): a call that touches
+the model's state or its collectives goes to every rank, in the same order on each (Ray runs a
+synchronous actor's calls in submission order, so the ranks' collectives line up), and its ref
+resolves to rank 0's answer once every rank has finished, raising if any rank failed. Calls that
+only read rank 0's copies (the version, RSPO's explorer, the NCCL endpoint) go to rank 0 alone.
+
+Start-up (``create``): the ranks are placed in one placement group (a bundle of
+``runtime.learner_cpus`` CPUs and ``runtime.learner_gpus`` GPUs each, PACK: on as few nodes as
+fit); rank 0 binds the rendezvous store on a port the OS picks (``rendezvous``) and the others
+connect to it (``join``), so no port is chosen before it is bound. A 1-rank group is one actor
+with an in-process store, exactly the single learner of before.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+# calls every rank runs (state changes, or collectives: ZeRO-3 gathers, gradient reductions)
+# (get_version too: the first one also reports a rank whose start failed)
+_ALL_RANKS = ("get_version", "train", "publish_weights", "compute_logprobs", "save", "save_state", "load_state")
+# calls answered by rank 0's copies alone
+_RANK0 = ("publish_explorer_weights", "explorer_logprobs", "nccl_endpoint")
+# rank 0 sends weights to the engines (NCCL) while the other ranks walk them with it (ZeRO-3 gathers)
+_RANK0_WITH_GATHERS = ("nccl_init", "nccl_broadcast")
+PLACEMENT_NOTICE_S = 30.0  # how long to wait for the placement before saying what it waits for
+
+
+@ray.remote(num_cpus=0)
+def _rank0_answer(*answers):
+    """Rank 0's answer, available once every rank's is (an error of any rank is raised)."""
+    return answers[0]
+
+
+@ray.remote(num_cpus=0)
+def _all_digests(*digests: dict) -> dict:
+    """Rank 0's state digest plus every other rank's own parts (its optimizer partition and RNG),
+    so equal digests mean every shard was restored."""
+    merged = dict(digests[0])
+    for rank, digest in enumerate(digests[1:], start=1):
+        merged.update({f"{part}@rank{rank}": digest[part] for part in ("optimizer", "rng")})
+    return merged
+
+
+class _Call:
+    """``group.<method>.remote(*args)``: one ObjectRef, as for a single actor."""
+
+    def __init__(self, group: LearnerGroup, method: str):
+        self.group, self.method = group, method
+
+    def remote(self, *args, **kwargs):
+        ranks = self.group.ranks
+        if self.method in _RANK0 or len(ranks) == 1:
+            return getattr(ranks[0], self.method).remote(*args, **kwargs)
+        if self.method in _RANK0_WITH_GATHERS:
+            head = getattr(ranks[0], self.method).remote(*args, **kwargs)
+            return _rank0_answer.remote(head, *[a.gather_weights.remote() for a in ranks[1:]])
+        refs = [getattr(actor, self.method).remote(*args, **kwargs) for actor in ranks]
+        combine = _all_digests if self.method in ("save_state", "load_state") else _rank0_answer
+        return combine.remote(*refs)
+
+
+class LearnerGroup:
+    """The learner ranks of a run (see the module docstring). ``ranks[0]`` answers for the group."""
+
+    def __init__(self, ranks: list, placement=None):
+        self.ranks, self.placement = ranks, placement
+        for method in _ALL_RANKS + _RANK0 + _RANK0_WITH_GATHERS:
+            setattr(self, method, _Call(self, method))
+
+    @classmethod
+    def create(cls, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float, rspo_cfg,
+               cpus: float, gpus: float, lora_cfg=None) -> LearnerGroup:
+        """Place and start ``learner_cfg.num_ranks`` ranks and build their learners."""
+        from agentrl.runtime.learner import LearnerActor
+
+        n = learner_cfg.num_ranks
+        bundle = {k: v for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
+        placement = placement_group([bundle] * n, strategy="PACK", name="") if bundle and n > 1 else None
+        if placement is not None:
+            _wait_for_placement(placement, n, bundle)
+        ranks = []
+        for r in range(n):
+            opts = {"num_cpus": cpus, "num_gpus": gpus}
+            if placement is not None:
+                opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=r)
+            ranks.append(LearnerActor.options(**opts).remote(model_path, learner_cfg, algo_cfg, dtype, seed, temperature,
+                                                             rspo_cfg, rank=r, world_size=n, lora_cfg=lora_cfg))
+        if n > 1:  # the ranks build their learners while the driver goes on (get_version waits for them)
+            address = ray.get(ranks[0].rendezvous.remote())
+            for actor in ranks:
+                actor.join.remote(address)
+        return cls(ranks, placement)
+
+    def kill(self) -> None:
+        for actor in self.ranks:
+            ray.kill(actor, no_restart=True)
+        if self.placement is not None:
+            ray.util.remove_placement_group(self.placement)
+
+
+def _wait_for_placement(placement, n: int, bundle: dict) -> None:
+    """Block until the placement group is placed, saying what it waits for while it waits (a
+    placement the cluster cannot satisfy otherwise waits in Ray's queue without a word)."""
+    t0 = time.monotonic()
+    while True:
+        ready, _ = ray.wait([placement.ready()], timeout=PLACEMENT_NOTICE_S)
+        if ready:
+            return
+        print(f"learner group: waiting {time.monotonic() - t0:.0f}s for {n} bundles of {bundle} "
+              f"(cluster free: {ray.available_resources()})", flush=True)
+
+
+__all__ = ["LearnerGroup"]
