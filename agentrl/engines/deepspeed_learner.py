@@ -49,7 +49,7 @@ from agentrl.engines.hf_policy import micro_batch_logprobs, pad_batch, token_log
 from agentrl.engines.learner_shards import plan_mini_batch
 from agentrl.engines.lora import apply_lora, iter_merged_weights, lora_enabled, unwrap_base
 from agentrl.engines.micro_batch import pack_micro_batch, pad_micro_batch, split_micro_batches
-from agentrl.engines.step_metrics import StepMetrics, all_reduce_sums
+from agentrl.engines.step_metrics import StepMetrics, all_reduce_sums, peak_memory_mib
 from agentrl.weight_sync.object_store import weights_to_blob
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -247,7 +247,7 @@ class DeepSpeedLearner:
             critic_stats.update(all_reduce_sums(self.critic.train(micro, n_tok, loss_scale=self.world)))
         metrics.all_reduce()
         return metrics.result(
-            epochs=lcfg.ppo_epochs, with_rollout=batch.rollout_logprobs is not None, extra=critic_stats,
+            epochs=lcfg.ppo_epochs, with_rollout=batch.rollout_logprobs is not None, extra={**critic_stats, **peak_memory_mib()},
             lr=lr, tokens=float(n_tok), sequences=float(len(batch)), version=float(self.version),
             step_time_s=time.perf_counter() - t0,
         )

@@ -10,6 +10,22 @@ import torch
 from torch import Tensor
 
 
+def peak_memory_mib() -> dict[str, float]:
+    """The largest peak memory of any rank so far, in MiB: the process's resident high-water mark
+    (what a CPU learner holds) and, on CUDA, the device's peak allocation."""
+    import resource
+
+    peaks = {"memory/peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}  # Linux: KiB
+    if torch.cuda.is_available():
+        peaks["memory/peak_device_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        keys = sorted(peaks)
+        t = torch.tensor([peaks[k] for k in keys], dtype=torch.float64)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        peaks = dict(zip(keys, t.tolist()))
+    return peaks
+
+
 def all_reduce_sums(values: dict[str, float]) -> dict[str, float]:
     """SUM of ``values`` over the ranks of the default process group (as is with one rank)."""
     if not values or not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
@@ -79,4 +95,4 @@ class StepMetrics:
         return out
 
 
-__all__ = ["StepMetrics", "all_reduce_sums"]
+__all__ = ["StepMetrics", "all_reduce_sums", "peak_memory_mib"]
