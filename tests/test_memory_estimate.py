@@ -310,7 +310,11 @@ def test_optional_models_and_offload():
     assert base.init_host == 4 * dims.n_params  # every rank loads the policy in fp32 on the host
     lora = _est(dims, lora_rank=16, with_reference=True)
     assert lora.inputs["lora_params"] == dims.lora_params(16)
-    assert lora.device["optimizer"] == 8 * dims.lora_params(16) and lora.device["reference"] == 2 * dims.n_params
+    # with LoRA the reference is the policy with its adapters off: no second copy
+    assert lora.device["optimizer"] == 8 * dims.lora_params(16) and "reference" not in lora.device
+    z3 = _est(dims, with_reference=True, zero_stage=3, num_ranks=8)  # partitioned like the policy
+    assert z3.device["reference"] == 2 * dims.n_params / 8
+    assert _est(dims, with_reference=True, zero_stage=3, num_ranks=8, offload_params=True).host["reference"] == 2 * dims.n_params / 8
     table = full.table()
     assert "reference" in table and "total" in table and "host at load" in table
     assert full.fits(10**13) and not full.fits(10**9)

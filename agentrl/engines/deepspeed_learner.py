@@ -142,9 +142,9 @@ class DeepSpeedLearner:
         self.engine = self._build_engine(model)
         self.device = self.engine.device
         self.ref_model: nn.Module | None = None
+        self._ref_engine = None
         if algo_cfg.kl_coef > 0 and not self.lora:
-            ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=_TORCH_DTYPES[dtype])
-            self.ref_model = ref.to(self.device).eval().requires_grad_(False)
+            self.ref_model = self._build_reference(AutoModelForCausalLM.from_pretrained(model_path, dtype=_TORCH_DTYPES[dtype]))
 
         self.critic = None
         if estimator_for(algo_cfg).needs_critic:  # the estimator's row in algos/registry.py (plugins imported here)
@@ -183,6 +183,17 @@ class DeepSpeedLearner:
             enable_layer_checkpointing(engine.module)
         reset_prestepped_optimizer_state(engine)
         return engine
+
+    def _build_reference(self, ref: nn.Module) -> nn.Module:
+        """The frozen KL reference in the training dtype. Under ZeRO-3 it is partitioned across the
+        ranks like the policy (a DeepSpeed engine without an optimizer: its parameters are
+        gathered layer by layer in forward), so no rank holds a whole second model."""
+        ref = ref.eval().requires_grad_(False)
+        if self.learner_cfg.zero_stage != 3:
+            return ref.to(self.device)
+        self._ref_engine, _, _, _ = self._deepspeed.initialize(model=ref, config=build_ds_config(self.learner_cfg, self.dtype))
+        self._ref_engine.eval()
+        return self._ref_engine.module
 
     @property
     def hf_model(self) -> nn.Module:
@@ -457,7 +468,9 @@ class DeepSpeedLearner:
         if destroy is not None:
             destroy()
         self.engine = None
-        self.ref_model = None
+        if self._ref_engine is not None:
+            self._ref_engine.destroy()
+        self._ref_engine = self.ref_model = None
         if self.critic is not None:
             self.critic.close()
             self.critic = None

@@ -11,8 +11,9 @@ bf16/fp16 2):
 * the policy's DeepSpeed engine: *model states* (parameters, the fp32 copy the optimizer updates,
   gradients, AdamW's two fp32 moments) under the ZeRO partitioning rules (``model_states``), plus
   ZeRO's reduce bucket and, at stage 3, one gathered layer;
-* a frozen reference model in the training dtype when ``algo.kl_coef > 0`` (a plain module moved
-  to the device: never partitioned, not even at ZeRO-3);
+* a frozen reference model in the training dtype when ``algo.kl_coef > 0``: a plain module at
+  ZeRO 0-2, partitioned like the policy's parameters at ZeRO-3 (and offloaded with them), none
+  with LoRA (the reference is the policy with its adapters off);
 * a PPO critic when the estimator needs one: a second DeepSpeed engine with its own model states
   (the value model = the causal LM without its LM head, plus a [hidden, 1] score head);
 * RSPO's explorer: a plain-torch fp32 copy of the policy with its own AdamW (``engines/explorer.py``);
@@ -413,7 +414,7 @@ def estimate_learner_memory(
     Terms (bytes per rank):
 
     * ``model_states`` of the policy engine (Psi = n_params, or the adapters with LoRA);
-    * ``reference``: p x n_params (a full, unpartitioned copy, even at ZeRO-3 and with LoRA);
+    * ``reference``: p x n_params, / N at ZeRO-3 (on the host with ``offload_params``); 0 with LoRA;
     * ``critic``: the critic engine's ``model_states`` (value-model parameters, same ZeRO and
       offload settings), device part here and host part in ``host["critic"]``;
     * ``explorer``: 16 x n_params: fp32 weights (kept between derivations) + fp32 gradients +
@@ -443,8 +444,9 @@ def estimate_learner_memory(
 
     loads = [4 * dims.n_params]  # host peaks while loading: each model in fp32 (the reference in p) ...
     steady_host = sum(host.values())  # ... next to the offloaded state of the engines built before it
-    if with_reference:
-        device["reference"] = p * dims.n_params
+    if with_reference and lora_rank == 0:
+        ref = p * dims.n_params / (num_ranks if zero_stage == 3 else 1)
+        (host if zero_stage == 3 and offload_params else device)["reference"] = ref
         loads.append(steady_host + p * dims.n_params)
     cdims = critic_dims or dims
     if with_critic:

@@ -7,7 +7,6 @@ side: ``blob_to_state_dict`` (called by the vLLM worker extension). Driver side:
 
 from __future__ import annotations
 
-import ray
 from torch import Tensor
 
 from agentrl.api import EXPLORER
@@ -38,6 +37,8 @@ class ObjectStoreWeightSync:
         self.learner, self.workers, self.explorers = learner, workers, explorers or []
 
     def sync(self, version: int) -> None:
+        import ray  # here, not at import: the learner imports this module where Ray may be absent (GPU check)
+
         box = ray.get(self.learner.publish_weights.remote())
         # A top-level ObjectRef argument is resolved by Ray: each worker receives the bytes.
         loads = [w.load_weights.remote(box[0], version) for w in self.workers]
@@ -51,6 +52,8 @@ class ObjectStoreWeightSync:
         """The weights a restarted worker's role should hold at ``version`` into that worker: the
         learner's current weights, or for an RSPO explorer worker the explorer's latest derivation
         (none yet: the explorer is the initial policy, which the restarted engine loaded at start)."""
+        import ray
+
         if role == EXPLORER:
             box = ray.get(self.learner.publish_explorer_weights.remote(again=True))
             if box is not None:
