@@ -46,6 +46,8 @@ def _run(fn, *args, **kwargs) -> int:
     The driver and runtime/cluster.py check the model path, the task files and the RODS state
     before a run folder or Ray exists, and stop with ``SystemExit("error: <key>: <reason>")``;
     an exit code given as a string would be 1, and bad input is 2 here."""
+    from agentrl.runtime.preemption import EXIT_PREEMPTED, Preempted
+
     try:
         fn(*args, **kwargs)
     except SystemExit as err:
@@ -53,6 +55,8 @@ def _run(fn, *args, **kwargs) -> int:
             raise
         print(err.code, file=sys.stderr)
         return 2
+    except Preempted:
+        return EXIT_PREEMPTED  # the driver printed what was saved and how to continue
     return 0
 
 
@@ -62,6 +66,8 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.resume is None and args.config is None:
         return _fail("train: give CONFIG (a YAML run config) or --resume RUN (a run folder)")
+    if args.resume == "auto":
+        return _train_auto(args)
     overrides = list(args.overrides)
     if args.resume is not None and args.config is not None:
         if "=" not in args.config:  # argparse took the first KEY=VALUE for CONFIG; anything else is a config
@@ -77,6 +83,38 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume is not None:
         return _run(train, config, config_path=str(Path(args.resume) / "config.yaml"), resume=args.resume)
     return _run(train, config, config_path=args.config)
+
+
+def _train_auto(args: argparse.Namespace) -> int:
+    """``train CONFIG --resume auto``: the run folder is ``run.output_dir/<run.name>`` (no
+    timestamp), so restarting the same command finds it: it continues from the folder's newest
+    complete checkpoint, or starts there when it has none (a folder left by an attempt that died
+    before its first checkpoint is moved aside, not mixed in)."""
+    import time
+
+    from agentrl.config import ConfigError, load_config
+    from agentrl.config.resume import load_resume_config
+    from agentrl.runtime.checkpoint import find_checkpoint
+
+    if args.config is None or "=" in args.config:
+        return _fail("--resume auto needs CONFIG: the run folder is its run.output_dir/<run.name>")
+    try:
+        config = load_config(args.config, args.overrides)
+        run_dir = Path(config.run.output_dir) / config.run.name
+        resumable = find_checkpoint(run_dir) is not None if run_dir.is_dir() else False
+        if resumable:  # the folder's own config, as for --resume RUN (overrides that change no math only)
+            config = load_resume_config(run_dir, args.overrides)
+    except ConfigError as err:
+        return _fail(err)
+    from agentrl.runtime.driver import train
+
+    if resumable:
+        return _run(train, config, config_path=str(run_dir / "config.yaml"), resume=run_dir)
+    if run_dir.exists():
+        aside = run_dir.with_name(f"{run_dir.name}.attempt-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.rename(aside)
+        print(f"agentrl: {run_dir} holds no complete checkpoint: moved to {aside}; starting the run afresh", flush=True)
+    return _run(train, config, config_path=args.config, run_dir=run_dir)
 
 
 RECIPE_OPTIONS = ("sft_steps", "habit_suite", "habit_steps", "habit_lr", "guess_missing", "skip_lookup", "swap_transfer")
@@ -183,7 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "evaluation and checkpoint intervals, telemetry, resources).")
     p.add_argument("config", nargs="?", metavar="CONFIG", help="YAML run config, e.g. configs/quickstart.yaml")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
-    p.add_argument("--resume", metavar="RUN", help="continue the run in folder RUN (docs/operating.md)")
+    p.add_argument("--resume", metavar="RUN|auto",
+                   help="continue the run in folder RUN; with CONFIG, 'auto': continue run.output_dir/<run.name> from "
+                        "its newest checkpoint, or start it there (what a restarted job runs; docs/operating.md)")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("make-model", help="build the tiny local agent model (no hub needed)",

@@ -177,6 +177,9 @@ class TrainConfig(Section):
     # sampler, replay buffer, RODS pool) every N steps and after the last step; `agentrl train
     # --resume RUN` continues from the newest (docs/operating.md). 0 = no checkpoints.
     checkpoint_every: NonNegInt = 0
+    # Keep only the newest N complete checkpoints (older ones are deleted after a new one is
+    # complete); 0 = keep every one.
+    keep_checkpoints: NonNegInt = 0
     # Stop cleanly after this many minutes of wall time; null = no limit.
     max_minutes: PosFloat | None = None
     # Roll out step k+1 while the learner trains on step k (one-step off-policy, like verl's

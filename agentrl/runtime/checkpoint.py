@@ -139,7 +139,19 @@ def write_checkpoint(trainer: Trainer, step: int, evals: dict) -> Path:
     os.rename(tmp, final)
     _fsync_dir(run_dir)
     write_atomic(run_dir / LATEST, f"{final.name}\n".encode())
+    prune_checkpoints(run_dir, trainer.cfg.train.keep_checkpoints)
     return final
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints (0: keep all); returns the deleted.
+    Runs only after the new checkpoint and ``latest`` are in place, so a crash mid-way leaves
+    more checkpoints, never fewer than ``keep`` complete ones."""
+    found = complete_checkpoints(run_dir)
+    old = [path for _, path in found[:-keep]] if keep and len(found) > keep else []
+    for path in old:
+        shutil.rmtree(path)
+    return old
 
 
 def write_atomic(path: Path, data: bytes) -> None:

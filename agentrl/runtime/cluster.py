@@ -47,7 +47,7 @@ def embedded_cpus(cfg: Config) -> int:
     """
     rt = cfg.runtime
     workers = cfg.rollout.num_workers + (cfg.rspo.explorer_workers if cfg.rspo.enabled else 0)
-    need = rt.rollout_worker_cpus * workers + rt.learner_cpus + rt.tool_actor_cpus * cfg.tools.num_actors
+    need = rt.rollout_worker_cpus * workers + rt.learner_cpus * cfg.learner.num_ranks + rt.tool_actor_cpus * cfg.tools.num_actors
     if cfg.tools.sgls is not None:
         need += cfg.tools.sgls.num_cpus
     if cfg.rods.enabled:

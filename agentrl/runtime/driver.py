@@ -39,6 +39,7 @@ from agentrl.runtime.checkpoint import (
     write_checkpoint,
 )
 from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
+from agentrl.runtime.preemption import Preempted, StopOnSignal
 from agentrl.runtime.process_env import set_default_env
 from agentrl.runtime.scheduler import RolloutScheduler
 from agentrl.runtime.trajectory_writer import Trajectories
@@ -347,8 +348,11 @@ class Trainer:
             self.drain_pool_log()  # jobs that finished after the last step
 
 
-def train(cfg: Config, config_path: str | None = None, resume: str | Path | None = None) -> dict:
-    """Run a training job end to end; returns the start/end held-out evaluations. ``resume``: a run
+def train(cfg: Config, config_path: str | None = None, resume: str | Path | None = None,
+          run_dir: Path | None = None) -> dict:
+    """Run a training job end to end; returns the start/end held-out evaluations. ``run_dir``: the
+    new run's folder (default ``run.output_dir/<run.name>-<timestamp>``). A SIGTERM ends the run
+    after its current step with a checkpoint (``Preempted``; runtime/preemption.py). ``resume``: a run
     folder to continue from its newest complete checkpoint (``cfg`` is its config.yaml, with the
     overrides ``config/resume.py`` allows)."""
     from agentrl.telemetry.report import write_report
@@ -357,7 +361,7 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
     resolve_model_path(cfg)  # a missing model or task set fails here: before a run folder exists or Ray starts
     checkpoint = open_checkpoint(resume, cfg) if resume is not None else None
     tasks = load_task_sources(cfg, checkpoint)
-    run_dir = _make_run_dir(cfg, config_path) if checkpoint is None else reopen_run_dir(checkpoint, cfg)
+    run_dir = _make_run_dir(cfg, config_path, run_dir) if checkpoint is None else reopen_run_dir(checkpoint, cfg)
 
     # Load torch's libraries before Ray starts: under `ray job submit --working-dir`, importing torch
     # after ray.init() sometimes died with "oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"
@@ -373,7 +377,13 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
             ray.shutdown()
         raise
     try:
-        evals = _run(trainer, cfg, run_dir, t_start)
+        with StopOnSignal() as stop:
+            evals = _run(trainer, cfg, run_dir, t_start, stop)
+    except Preempted as err:
+        print(f"agentrl: {err}", flush=True)
+        _close(trainer, owns_ray, raise_errors=False)
+        _write_results(run_dir, trainer.evals, write_report, strict=False)
+        raise
     except BaseException as err:
         # the run's own error is what propagates; first what can be written is: the metrics so
         # far (closed by shutdown), the evaluations done, the report
@@ -409,20 +419,21 @@ def _write_results(run_dir: Path, evals: dict, write_report, strict: bool = True
             print(f"warning: {name} not written: {type(err).__name__}: {err}", flush=True)
 
 
-def _make_run_dir(cfg: Config, config_path: str | None) -> Path:
-    """``run.output_dir/<run.name>-<timestamp>/`` with the resolved config in it."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-{stamp}"
+def _make_run_dir(cfg: Config, config_path: str | None, run_dir: Path | None = None) -> Path:
+    """``run_dir``, default ``run.output_dir/<run.name>-<timestamp>/``, with the resolved config in it."""
+    if run_dir is None:
+        run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     print(f"agentrl: run {run_dir} (config {config_path or 'defaults'})", flush=True)
     return run_dir
 
 
-def _run(trainer: Trainer, cfg: Config, run_dir: Path, t_start: float) -> dict[str, dict[str, float]]:
+def _run(trainer: Trainer, cfg: Config, run_dir: Path, t_start: float, stop: StopOnSignal) -> dict[str, dict[str, float]]:
     """The evaluations, the steps and the checkpoints, from step 1 or after the resumed checkpoint;
     returns the start/end evaluations. With train.checkpoint_every the last step is checkpointed
-    too, so ``--resume RUN train.steps=N`` can extend a finished run."""
+    too, so ``--resume RUN train.steps=N`` can extend a finished run. When ``stop`` has seen a
+    signal, the run checkpoints after the step in progress and raises ``Preempted``."""
     evals = trainer.evals
     step = saved = trainer.start_step
     if step == 0 and cfg.train.eval_at_start:
@@ -430,6 +441,7 @@ def _run(trainer: Trainer, cfg: Config, run_dir: Path, t_start: float) -> dict[s
         print(f"held-out at start: success {start['success']:.2f} on {int(start['episodes'])} tasks "
               f"({start['seconds']:.0f}s)", flush=True)
     deadline = trainer.deadline = t_start + cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
+    _stop_if_signalled(trainer, stop, step, saved)
     for step in range(trainer.start_step + 1, cfg.train.steps + 1):
         m = trainer.step(step, last=step == cfg.train.steps)
         trainer.metrics.log(step, m)
@@ -439,6 +451,7 @@ def _run(trainer: Trainer, cfg: Config, run_dir: Path, t_start: float) -> dict[s
         if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
             trainer.checkpoint(step)
             saved = step
+        _stop_if_signalled(trainer, stop, step, saved)
         if deadline and time.perf_counter() > deadline:
             print(f"train.max_minutes reached after step {step}", flush=True)
             break
@@ -452,6 +465,16 @@ def _run(trainer: Trainer, cfg: Config, run_dir: Path, t_start: float) -> dict[s
         trainer.checkpoint(step)
     trainer.save(run_dir / "final")
     return evals
+
+
+def _stop_if_signalled(trainer: Trainer, stop: StopOnSignal, step: int, saved: int) -> None:
+    """After ``step`` (0: before the first): on a signal, checkpoint (unless ``step`` is already
+    saved, or nothing was trained) and raise ``Preempted``."""
+    if stop.requested is None:
+        return
+    if step > saved:
+        trainer.checkpoint(step)
+    raise Preempted(step, stop.requested, checkpointed=step > 0)
 
 
 def _evaluate(trainer: Trainer, step: int) -> dict[str, float]:
