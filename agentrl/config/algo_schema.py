@@ -168,6 +168,10 @@ class LearnerConfig(Section):
     # Token budget per micro-batch: episodes are added (length-sorted) until the next would pass
     # it; replaces micro_batch_size as the limit. null = micro_batch_size episodes per micro-batch.
     max_tokens_per_micro_batch: PosInt | None = None
+    # Attention kernel of the learner's models (transformers' attn_implementation); null = its
+    # default (sdpa). flash_attention_2 (GPU, needs the flash-attn package) keeps no T x T mask,
+    # which long packed rows need.
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
 
     @model_validator(mode="after")
     def _offload_needs_zero(self) -> "LearnerConfig":

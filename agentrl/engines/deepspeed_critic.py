@@ -40,13 +40,15 @@ class DeepSpeedCritic:
     """One optimizer step per learner step (whatever ``learner.ppo_epochs``); its weights live
     only in the learner actor (not saved with the policy checkpoint)."""
 
-    def __init__(self, model_path: str, critic_cfg: Any, ds_config: dict, seed: int = 0, gradient_checkpointing: bool = False):
+    def __init__(self, model_path: str, critic_cfg: Any, ds_config: dict, seed: int = 0, gradient_checkpointing: bool = False,
+                 attn_implementation: str | None = None):
         import deepspeed
         from transformers import AutoModelForTokenClassification
 
         self.cfg = critic_cfg
         torch.manual_seed(seed + 1)
-        model = AutoModelForTokenClassification.from_pretrained(model_path, num_labels=1, dtype=torch.float32)
+        attn = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        model = AutoModelForTokenClassification.from_pretrained(model_path, num_labels=1, dtype=torch.float32, **attn)
         model.eval()  # no dropout: values must be deterministic for the clipped loss
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -128,7 +128,8 @@ class DeepSpeedLearner:
         self.seed = seed
         torch.manual_seed(seed)
         # Load in fp32: DeepSpeed casts to bf16/fp16 itself and keeps fp32 master weights.
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        attn = {"attn_implementation": learner_cfg.attn_implementation} if learner_cfg.attn_implementation else {}
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, **attn)
         model.eval()  # disables dropout only; see the module docstring
         cfg = model.config
         self.pad_id = next((v for v in (cfg.pad_token_id, cfg.eos_token_id, 0) if isinstance(v, int)), 0)
@@ -144,7 +145,8 @@ class DeepSpeedLearner:
         self.ref_model: nn.Module | None = None
         self._ref_engine = None
         if algo_cfg.kl_coef > 0 and not self.lora:
-            self.ref_model = self._build_reference(AutoModelForCausalLM.from_pretrained(model_path, dtype=_TORCH_DTYPES[dtype]))
+            self.ref_model = self._build_reference(AutoModelForCausalLM.from_pretrained(model_path, dtype=_TORCH_DTYPES[dtype],
+                                                                                        **attn))
 
         self.critic = None
         if estimator_for(algo_cfg).needs_critic:  # the estimator's row in algos/registry.py (plugins imported here)
@@ -154,7 +156,7 @@ class DeepSpeedLearner:
                 raise ValueError(f"algo.advantage={algo_cfg.advantage} needs algo.critic")
             self.critic = DeepSpeedCritic(algo_cfg.critic.path or model_path, algo_cfg.critic,
                                           build_ds_config(learner_cfg, dtype), seed=seed,
-                                          gradient_checkpointing=learner_cfg.gradient_checkpointing)
+                                          gradient_checkpointing=learner_cfg.gradient_checkpointing, **attn)
         self.explorer: Explorer | None = None
         if rspo_cfg is not None:
             self.explorer = Explorer(rspo_cfg.explorer_lr or learner_cfg.lr, rspo_cfg.explorer_steps, rspo_cfg.grad_clip,

@@ -224,8 +224,10 @@ def decoder_layer_bytes_per_token(dims: ModelDims, p: int, *, seq_len: int = 0, 
         attn += (4 + (p if p < 4 else 0)) * a * seq_len  # in fp32 the cast is the softmax itself
     elif attn_implementation == "sdpa":
         attn += 4 * a + p * seq_len
+    elif attn_implementation == "flash_attention_2":  # q, k, v, out and the fp32 log-sum-exp; no mask
+        attn += 4 * a
     else:
-        raise ValueError(f"attn_implementation must be sdpa or eager, got {attn_implementation!r}")
+        raise ValueError(f"attn_implementation must be sdpa, eager or flash_attention_2, got {attn_implementation!r}")
     if lora_rank <= 0:
         return 8 * h + 4 * p * h + attn + 4 * p * dims.intermediate
     targets = set(lora_targets)
@@ -396,7 +398,7 @@ def estimate_learner_memory(
     lora_rank: int = 0,
     lora_params: int = 0,
     seq_len: int | None = None,
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa",
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa",
     critic_dims: ModelDims | None = None,
     lora_target_modules: Any = LORA_ALL_LINEAR,
     reduce_bucket_elements: int = REDUCE_BUCKET_ELEMENTS,
@@ -502,6 +504,7 @@ def estimate_for_config(cfg: Any, dims: ModelDims | None = None, critic_dims: Mo
         offload_params=lc.offload_params, gradient_checkpointing=lc.gradient_checkpointing, micro_batch_tokens=tokens,
         seq_len=seq_len, with_reference=algo.kl_coef > 0, with_critic=needs_critic, with_explorer=cfg.rspo.enabled,
         lora_rank=lora.rank, lora_target_modules=lora.target_modules, critic_dims=critic_dims,
+        attn_implementation=lc.attn_implementation or "sdpa",
     )
 
 

@@ -25,6 +25,15 @@ class SamplingConfig:
     seed: int | None = None
 
 
+def parallel_args(engine_cfg) -> dict:
+    """vLLM engine arguments for ``engine_cfg.tensor_parallel_size``: none at 1; above, the TP size
+    and vLLM's multiprocessing executor, so the workers are processes of this actor on the GPUs Ray
+    gave it (in a placement group vLLM would otherwise pick its Ray executor, which wants a bundle
+    of one GPU per worker; agentrl reserves one bundle with all of the engine's GPUs)."""
+    tp = getattr(engine_cfg, "tensor_parallel_size", 1)
+    return {"tensor_parallel_size": tp, "distributed_executor_backend": "mp"} if tp > 1 else {}
+
+
 class VLLMEngine:
     def __init__(self, model_path: str, engine_cfg, dtype: str = "float32", seed: int = 0, weight_sync: str = "object_store",
                  structured_outputs: dict | None = None):
@@ -43,7 +52,7 @@ class VLLMEngine:
         from agentrl.weight_sync.nccl import engine_weight_transfer_kwargs
 
         self.weight_sync = weight_sync
-        extra = {}
+        extra = parallel_args(engine_cfg)
         if engine_cfg.block_size is not None:
             extra["block_size"] = engine_cfg.block_size
         if structured_outputs is not None:

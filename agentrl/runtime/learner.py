@@ -60,16 +60,21 @@ class LearnerActor:
         from agentrl.engines.deepspeed_learner import DeepSpeedLearner
         from agentrl.engines.deepspeed_setup import init_process_group
 
-        if self.world_size > 1:
-            init_process_group(self.rank, self.world_size, store=self._store, address=tuple(address))
-        model_path, learner_cfg, algo_cfg, dtype, seed, temperature, lora_cfg = self._build
-        self.learner = DeepSpeedLearner(model_path, learner_cfg, algo_cfg, dtype=dtype, seed=seed, temperature=temperature,
-                                        rspo_cfg=self.rspo, lora_cfg=lora_cfg)
+        try:
+            if self.world_size > 1:
+                init_process_group(self.rank, self.world_size, store=self._store, address=tuple(address))
+            model_path, learner_cfg, algo_cfg, dtype, seed, temperature, lora_cfg = self._build
+            self.learner = DeepSpeedLearner(model_path, learner_cfg, algo_cfg, dtype=dtype, seed=seed,
+                                            temperature=temperature, rspo_cfg=self.rspo, lora_cfg=lora_cfg)
+        except Exception as err:  # kept for get_version: a group does not wait on its ranks' joins
+            self._join_error = f"{type(err).__name__}: {err}"
+            raise
         return self.learner.version
 
     def get_version(self) -> int:
         if self.learner is None:
-            raise RuntimeError(f"learner rank {self.rank} of {self.world_size} was not built: its join failed (see its log)")
+            raise RuntimeError(f"learner rank {self.rank} of {self.world_size} was not built: "
+                               f"{getattr(self, '_join_error', 'its join has not run')}")
         return self.learner.version
 
     def train(self, group_refs: list[GroupRef]) -> dict[str, float]:

@@ -22,6 +22,8 @@ import ray
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from agentrl.runtime.placement import learner_bundles
+
 # calls every rank runs (state changes, or collectives: ZeRO-3 gathers, gradient reductions)
 # (get_version too: the first one also reports a rank whose start failed)
 _ALL_RANKS = ("get_version", "train", "publish_weights", "compute_logprobs", "save", "save_state", "load_state")
@@ -81,22 +83,27 @@ class LearnerGroup:
         from agentrl.runtime.learner import LearnerActor
 
         n = learner_cfg.num_ranks
-        bundle = {k: v for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
-        placement = placement_group([bundle] * n, strategy="PACK", name="") if bundle and n > 1 else None
+        bundles, grouped = learner_bundles(n, cpus, gpus)  # what `agentrl plan` checks (runtime/placement.py)
+        placement = placement_group(bundles, strategy="PACK", name="") if grouped else None
         if placement is not None:
-            _wait_for_placement(placement, n, bundle)
-        ranks = []
-        for r in range(n):
-            opts = {"num_cpus": cpus, "num_gpus": gpus}
-            if placement is not None:
-                opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=r)
-            ranks.append(LearnerActor.options(**opts).remote(model_path, learner_cfg, algo_cfg, dtype, seed, temperature,
-                                                             rspo_cfg, rank=r, world_size=n, lora_cfg=lora_cfg))
-        if n > 1:  # the ranks build their learners while the driver goes on (get_version waits for them)
-            address = ray.get(ranks[0].rendezvous.remote())
-            for actor in ranks:
-                actor.join.remote(address)
-        return cls(ranks, placement)
+            _wait_for_placement(placement, n, bundles[0])
+        group = cls([], placement)
+        try:
+            for r in range(n):
+                opts = {"num_cpus": cpus, "num_gpus": gpus}
+                if placement is not None:
+                    opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=r)
+                actor = LearnerActor.options(**opts).remote(model_path, learner_cfg, algo_cfg, dtype, seed, temperature,
+                                                            rspo_cfg, rank=r, world_size=n, lora_cfg=lora_cfg)
+                group.ranks.append(actor)
+            if n > 1:  # the ranks build their learners while the driver goes on (get_version waits for them)
+                address = ray.get(group.ranks[0].rendezvous.remote())
+                for actor in group.ranks:
+                    actor.join.remote(address)
+        except BaseException:
+            group.kill()  # no half-started group left holding its CPUs/GPUs
+            raise
+        return group
 
     def kill(self) -> None:
         for actor in self.ranks:
