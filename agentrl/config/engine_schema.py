@@ -17,6 +17,10 @@ class EngineConfig(Section):
     kv_cache_gib: PosInt = 1
     # Fraction of GPU memory vLLM may take (GPU only).
     gpu_memory_utilization: Fraction = 0.5
+    # GPUs one engine shards the model over (vLLM tensor parallelism, its workers as processes of the
+    # engine's actor). The actor must ask for at least this many GPUs (runtime.rollout_worker_gpus,
+    # tools.sgls.num_gpus, rods.num_gpus); a rollout engine's GPUs are reserved on one node.
+    tensor_parallel_size: PosInt = 1
     # Disable CUDA graphs / compilation: slower decoding, much faster start.
     enforce_eager: Bool = True
     # Longest sequence (prompt + generation) the engine accepts.

@@ -47,6 +47,12 @@ class RunConfig(Section):
     output_dir: NonEmptyStr = "runs"
     # Global seed: task sampling, rollout sampling and learner init derive from it.
     seed: NonNegInt = 0
+    # Where checkpoints, final/ and the logs are kept, in <storage>/<run folder name>/: a local path, a
+    # shared mount, or a pyarrow.fs URI such as s3://bucket/prefix (endpoint and credentials from the
+    # AWS_* variables on every node, or in the URI: docs/operating.md, "Storage"). Every learner rank
+    # uploads its own parts; a checkpoint is complete once its manifest is written. null = the local
+    # run folder only (its nodes must share it).
+    storage: NonEmptyStr | None = None
 
 
 class LoraConfig(Section):
@@ -253,9 +259,11 @@ class RuntimeConfig(Section):
     learner_cpus: NonNegFloat = 1.0
     # CPUs reserved per tool-pool actor.
     tool_actor_cpus: NonNegFloat = 0.1
-    # GPUs per rollout worker actor (its vLLM engine); 0 on CPU machines.
+    # GPUs per rollout worker actor (its vLLM engine; at least rollout.engine.tensor_parallel_size,
+    # all on one node); 0 on CPU machines. On a GPU cluster 0 means CPU: `agentrl plan` refuses it.
     rollout_worker_gpus: NonNegFloat = 0.0
-    # GPUs for the learner actor (its DeepSpeed engine); 0 on CPU machines.
+    # GPUs per learner rank (its DeepSpeed engine): 1 on GPUs (a rank is one process on one device; a
+    # fraction shares a GPU), 0 on CPU machines. More GPUs for the learner: learner.num_ranks.
     learner_gpus: NonNegFloat = 0.0
     # Custom Ray resources each rollout worker asks for, e.g. `{rollout: 1}` to put the workers on
     # the nodes started with `ray start --resources '{"rollout": 1}'`; `{}` = placed by CPUs/GPUs only.
@@ -265,6 +273,16 @@ class RuntimeConfig(Section):
     # Times Ray restarts a dead rollout worker, tool-pool actor or SGLS server (each); the driver
     # re-issues a dead worker's undelivered groups. 0 = any actor death ends the run.
     max_actor_restarts: NonNegInt = 3
+
+    @model_validator(mode="after")
+    def _whole_gpus(self) -> "RuntimeConfig":
+        if self.learner_gpus > 1:
+            raise ValueError(f"runtime.learner_gpus={self.learner_gpus:g}: a learner rank is one process on one device, "
+                             "so it uses at most 1 GPU (0 = CPU, a fraction shares a GPU); add GPUs with learner.num_ranks")
+        if self.rollout_worker_gpus > 1 and not self.rollout_worker_gpus.is_integer():
+            raise ValueError(f"runtime.rollout_worker_gpus={self.rollout_worker_gpus:g}: Ray gives an actor more than "
+                             "one GPU only in whole GPUs")
+        return self
 
 
 class Config(Section):
@@ -307,7 +325,21 @@ class Config(Section):
                              f"buffer.max_staleness={self.buffer.max_staleness} must be >= 1")
         if self.rspo.enabled:
             self._check_rspo()
+        self._check_tensor_parallel()
         return self
+
+    def _check_tensor_parallel(self) -> None:
+        """A tensor-parallel engine's workers take one GPU each, out of its actor's GPUs."""
+        engines = [("rollout.engine", self.rollout.engine, "runtime.rollout_worker_gpus", self.runtime.rollout_worker_gpus)]
+        if self.tools.sgls is not None and self.tools.sgls.model_path is not None:
+            engines.append(("tools.sgls.engine", self.tools.sgls.engine, "tools.sgls.num_gpus", self.tools.sgls.num_gpus))
+        if self.rods.llm is not None and self.rods.llm.model_path is not None:
+            engines.append(("rods.llm.engine", self.rods.llm.engine, "rods.num_gpus", self.rods.num_gpus))
+        for section, engine, gpu_key, gpus in engines:
+            tp = engine.tensor_parallel_size
+            if tp > 1 and gpus < tp:
+                raise ValueError(f"{section}.tensor_parallel_size={tp} needs {gpu_key} >= {tp} (got {gpus:g}): each of "
+                                 f"the engine's {tp} tensor-parallel workers takes one of its actor's GPUs; set {gpu_key}={tp}")
 
     def _check_rspo(self) -> None:
         """RSPO's combinations that are undefined or not built (located by the loader)."""

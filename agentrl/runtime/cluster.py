@@ -4,8 +4,9 @@
   embedded one with ``embedded_cpus`` logical CPUs;
 * ``resolve_model_path``: ``model.path`` as an absolute path, or a readable error;
 * ``RolloutSide``: the tool pool (plus the SGLS server when ``tools.sgls`` is set) and
-  the rollout workers, placed with their ``runtime.*`` resources; it fans tasks out over the
-  workers for rollouts and evaluations.
+  the rollout workers, placed with their ``runtime.*`` resources (an engine with GPUs in a placement
+  group of its own: ``runtime/placement.py``); it fans tasks out over the workers for rollouts and
+  evaluations.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentrl.api import EXPLORER, POLICY
 from agentrl.config import Config
 from agentrl.config.schema import explorer_group_size
+from agentrl.runtime.placement import rollout_bundle, rollout_uses_groups
 
 
 def init_ray(cfg: Config) -> bool:
@@ -134,11 +138,17 @@ class RolloutSide:
         rollout_cfg = cfg.rollout if rollout_cfg is None else rollout_cfg
         # max_restarts: Ray restarts a dead worker; the driver rebuilds its engine (revive) and
         # re-issues its undelivered groups. No task retries: a re-run needs the engine first.
-        options = {"num_cpus": rt.rollout_worker_cpus, "num_gpus": rt.rollout_worker_gpus if engine else 0,
-                   "resources": dict(rt.rollout_worker_resources), "max_restarts": rt.max_actor_restarts}
+        base = {"num_cpus": rt.rollout_worker_cpus, "num_gpus": rt.rollout_worker_gpus if engine else 0,
+                "resources": dict(rt.rollout_worker_resources), "max_restarts": rt.max_actor_restarts}
+        # with GPUs (or tensor parallelism) each engine gets a placement group of its own: one
+        # STRICT_PACK bundle holding all of its GPUs (runtime/placement.py, what `agentrl plan` checks)
+        grouped = engine and rollout_uses_groups(cfg)
+
+        def options() -> dict:
+            return _engine_group_options(cfg, base) if grouped else base
         workers = [
-            RolloutWorker.options(**options).remote(model_path, rollout_cfg, cfg.model.dtype, pool, i,
-                                                    weight_sync=weight_sync, rewards_cfg=cfg.rewards)
+            RolloutWorker.options(**options()).remote(model_path, rollout_cfg, cfg.model.dtype, pool, i,
+                                                      weight_sync=weight_sync, rewards_cfg=cfg.rewards)
             for i in range(cfg.rollout.num_workers)
         ]
         if not (cfg.rspo.enabled and engine):
@@ -146,8 +156,8 @@ class RolloutSide:
         # RSPO: the explorer starts as the initial policy; its workers get their own engine seeds
         n = cfg.rollout.num_workers
         explorers = [
-            RolloutWorker.options(**options).remote(model_path, rollout_cfg, cfg.model.dtype, pool, n + j,
-                                                    weight_sync=weight_sync, rewards_cfg=cfg.rewards, role=EXPLORER)
+            RolloutWorker.options(**options()).remote(model_path, rollout_cfg, cfg.model.dtype, pool, n + j,
+                                                      weight_sync=weight_sync, rewards_cfg=cfg.rewards, role=EXPLORER)
             for j in range(cfg.rspo.explorer_workers)
         ]
         g_b = explorer_group_size(cfg.rspo.explorer_fraction, cfg.rollout.group_size)
@@ -223,6 +233,13 @@ class RolloutSide:
         if self.sgls is not None:
             errors += _get_each([self.sgls.shutdown.remote()])
         _raise_first(errors)
+
+
+def _engine_group_options(cfg: Config, options: dict) -> dict:
+    """``options`` plus a new placement group of one STRICT_PACK bundle (``rollout_bundle``): the
+    actor's CPUs, GPUs and custom resources, reserved together on one node."""
+    group = placement_group([rollout_bundle(cfg)], strategy="STRICT_PACK")
+    return {**options, "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)}
 
 
 def _get_each(refs: list) -> list[Exception]:

@@ -36,7 +36,10 @@ from agentrl.runtime.checkpoint import (
     open_checkpoint,
     reopen_run_dir,
     restore,
+    run_storage,
+    sync_run_files,
     write_checkpoint,
+    write_final,
 )
 from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
 from agentrl.runtime.preemption import Preempted, StopOnSignal
@@ -153,6 +156,7 @@ class Trainer:
         from agentrl.runtime.replay_buffer import ReplayBuffer
 
         self.cfg, self.run_dir = cfg, run_dir
+        self.storage = run_storage(cfg, run_dir)  # the run's folder in run.storage, or None
         model_path = resolve_model_path(cfg)
         heldout = tasks["heldout"]
         self.heldout = heldout[: cfg.tasks.heldout_size] if cfg.tasks.heldout_size else heldout
@@ -313,17 +317,14 @@ class Trainer:
             fh.writelines(json.dumps(e) + "\n" for e in events)
         return rods_metrics
 
-    def checkpoint(self, step: int) -> Path:
+    def checkpoint(self, step: int):
         """The run after ``step`` as ``checkpoint-<step>``, resumable (``runtime/checkpoint.py``)."""
         return write_checkpoint(self, step, self.evals)
 
     def save(self, out_dir: Path) -> None:
-        """Learner weights (+ the RODS pool as rods_pool.json) into ``out_dir``."""
-        ray.get(self.learner.save.remote(str(out_dir.resolve())))
-        if self.rods is not None:
-            self.drain_pool_log()  # the log holds everything up to the saved state
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / POOL_STATE).write_text(json.dumps(ray.get(self.rods.state_dict.remote())))
+        """Learner weights (+ the RODS pool as rods_pool.json) into ``out_dir``, with a manifest;
+        with run.storage uploaded there too (``runtime/checkpoint.write_final``)."""
+        write_final(self, out_dir)
 
     def shutdown(self, raise_errors: bool = True) -> None:
         """Flush and stop everything. Every part runs even when one before it fails; failures are
@@ -362,6 +363,10 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
     checkpoint = open_checkpoint(resume, cfg) if resume is not None else None
     tasks = load_task_sources(cfg, checkpoint)
     run_dir = _make_run_dir(cfg, config_path, run_dir) if checkpoint is None else reopen_run_dir(checkpoint, cfg)
+    store = run_storage(cfg, run_dir)  # run.storage: the checkpoints, final/ and the logs go there
+    if store is not None:
+        sync_run_files(store, run_dir)
+        print(f"agentrl: run.storage: checkpoints, final/ and logs go to {store}", flush=True)
 
     # Load torch's libraries before Ray starts: under `ray job submit --working-dir`, importing torch
     # after ray.init() sometimes died with "oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"
@@ -382,17 +387,17 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
     except Preempted as err:
         print(f"agentrl: {err}", flush=True)
         _close(trainer, owns_ray, raise_errors=False)
-        _write_results(run_dir, trainer.evals, write_report, strict=False)
+        _write_results(run_dir, trainer.evals, write_report, strict=False, store=store)
         raise
     except BaseException as err:
         # the run's own error is what propagates; first what can be written is: the metrics so
         # far (closed by shutdown), the evaluations done, the report
         print(f"error: the run failed: {type(err).__name__}: {err}", flush=True)
         _close(trainer, owns_ray, raise_errors=False)
-        _write_results(run_dir, trainer.evals, write_report, strict=False)
+        _write_results(run_dir, trainer.evals, write_report, strict=False, store=store)
         raise
     _close(trainer, owns_ray)
-    _write_results(run_dir, evals, write_report)
+    _write_results(run_dir, evals, write_report, store=store)
     print(f"training took {(time.perf_counter() - t_start) / 60:.1f} min; metrics in {run_dir}", flush=True)
     _print_evals(evals)
     return evals
@@ -406,11 +411,14 @@ def _close(trainer: Trainer, owns_ray: bool, raise_errors: bool = True) -> None:
             ray.shutdown()  # before the summary, so no actor log lands after the last line
 
 
-def _write_results(run_dir: Path, evals: dict, write_report, strict: bool = True) -> None:
-    """``evals.json`` and ``report.png``; with ``strict=False`` (after a failure) a failing
-    write is logged, not raised."""
-    for name, write in (("evals.json", lambda: (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))),
-                        ("report.png", lambda: write_report(run_dir))):
+def _write_results(run_dir: Path, evals: dict, write_report, strict: bool = True, store=None) -> None:
+    """``evals.json`` and ``report.png``, then (run.storage: ``store``) the run's config, logs and
+    results uploaded; with ``strict=False`` (after a failure) a failing write is logged, not raised."""
+    writes = [("evals.json", lambda: (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))),
+              ("report.png", lambda: write_report(run_dir))]
+    if store is not None:
+        writes.append((f"the upload to {store}", lambda: sync_run_files(store, run_dir)))
+    for name, write in writes:
         try:
             write()
         except Exception as err:  # noqa: BLE001 - logged when strict=False

@@ -190,6 +190,52 @@ class LearnerActor:
         self.explorer_published = -1
         return load_learner_state(self.learner, in_dir)
 
+    def save_parts(self, stage: str, dest, state: bool = True, keep: str | None = None) -> dict:
+        """Write this rank's parts of a checkpoint (``state``) or of ``final/`` into a folder of its
+        own on this node, ``<stage>/.rank<r>``: the HF folder (rank 0 writes it; the others join its
+        gathers) and, with ``state``, the learner state under ``learner/``. Then put them into
+        ``dest`` (a ``runtime.storage.Storage``: moved within a local filesystem, else uploaded)
+        and remove the folder, or (rank 0) rename it to ``keep``. Returns ``{"digest", "parts"}``: the
+        state digest (None without ``state``) and each part's path, size and sha256, computed
+        here, for the manifest the driver writes last."""
+        import os
+        import shutil
+        from pathlib import Path
+
+        own = Path(stage) / f".rank{self.rank}"
+        shutil.rmtree(own, ignore_errors=True)
+        self.save(str(own))
+        digest = self.save_state(str(own / "learner")) if state else None
+        keep = keep if self.rank == 0 else None  # final/: rank 0's HF folder (the others write nothing)
+        parts = dest.upload(own, move=keep is None)
+        if keep is not None:
+            shutil.rmtree(keep, ignore_errors=True)
+            os.replace(own, keep)
+        shutil.rmtree(own, ignore_errors=True)
+        try:
+            os.rmdir(stage)  # empty once every rank on this node is done (the driver removes its own)
+        except OSError:
+            pass
+        return {"digest": digest, "parts": parts}
+
+    def load_parts(self, stage: str, src, parts: list[dict]) -> dict[str, str]:
+        """``load_state`` from a checkpoint's ``learner/`` parts in ``src`` (a ``Storage``):
+        checked (size, sha256) in place when ``src`` is on this node's filesystem, else downloaded
+        into ``<stage>/.rank<r>`` and checked first. A corrupt part raises ``ChecksumError``."""
+        import shutil
+        from pathlib import Path
+
+        if src.local:
+            src.verify(parts)
+            return self.load_state(src.path("learner"))
+        own = Path(stage) / f".rank{self.rank}"
+        shutil.rmtree(own, ignore_errors=True)
+        try:
+            src.download(parts, own)
+            return self.load_state(str(own / "learner"))
+        finally:
+            shutil.rmtree(own, ignore_errors=True)
+
     def save(self, out_dir: str) -> str:
         import shutil
         from pathlib import Path

@@ -26,7 +26,8 @@ from agentrl.runtime.placement import learner_bundles
 
 # calls every rank runs (state changes, or collectives: ZeRO-3 gathers, gradient reductions)
 # (get_version too: the first one also reports a rank whose start failed)
-_ALL_RANKS = ("get_version", "train", "publish_weights", "compute_logprobs", "save", "save_state", "load_state")
+_ALL_RANKS = ("get_version", "train", "publish_weights", "compute_logprobs", "save", "save_state", "load_state",
+              "save_parts", "load_parts")
 # calls answered by rank 0's copies alone
 _RANK0 = ("publish_explorer_weights", "explorer_logprobs", "nccl_endpoint")
 # rank 0 sends weights to the engines (NCCL) while the other ranks walk them with it (ZeRO-3 gathers)
@@ -40,14 +41,26 @@ def _rank0_answer(*answers):
     return answers[0]
 
 
-@ray.remote(num_cpus=0)
-def _all_digests(*digests: dict) -> dict:
+def _merge_digests(digests: list[dict]) -> dict:
     """Rank 0's state digest plus every other rank's own parts (its optimizer partition and RNG),
     so equal digests mean every shard was restored."""
     merged = dict(digests[0])
     for rank, digest in enumerate(digests[1:], start=1):
         merged.update({f"{part}@rank{rank}": digest[part] for part in ("optimizer", "rng")})
     return merged
+
+
+@ray.remote(num_cpus=0)
+def _all_digests(*digests: dict) -> dict:
+    return _merge_digests(list(digests))
+
+
+@ray.remote(num_cpus=0)
+def _all_parts(*saved: dict) -> dict:
+    """``save_parts`` of every rank: the merged digest and every rank's parts."""
+    digests = [s["digest"] for s in saved]
+    return {"digest": _merge_digests(digests) if digests[0] is not None else None,
+            "parts": [p for s in saved for p in s["parts"]]}
 
 
 class _Call:
@@ -64,7 +77,8 @@ class _Call:
             head = getattr(ranks[0], self.method).remote(*args, **kwargs)
             return _rank0_answer.remote(head, *[a.gather_weights.remote() for a in ranks[1:]])
         refs = [getattr(actor, self.method).remote(*args, **kwargs) for actor in ranks]
-        combine = _all_digests if self.method in ("save_state", "load_state") else _rank0_answer
+        combine = {"save_state": _all_digests, "load_state": _all_digests, "load_parts": _all_digests,
+                   "save_parts": _all_parts}.get(self.method, _rank0_answer)
         return combine.remote(*refs)
 
 
