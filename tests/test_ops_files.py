@@ -66,10 +66,12 @@ def cpus(quantity: str | int) -> float:
 
 
 def train_command(entrypoint: str) -> tuple[str, list[str]]:
-    """(config path, overrides) of an `agentrl train CONFIG k=v ...` entrypoint."""
+    """(config path, overrides) of an `agentrl train [--resume auto] CONFIG k=v ...` entrypoint."""
     argv = shlex.split(entrypoint)
     start = argv.index("agentrl")
     assert argv[start + 1] == "train", entrypoint
+    if argv[start + 2:start + 4] == ["--resume", "auto"]:  # what a restarted job runs: it resumes
+        del argv[start + 2:start + 4]
     return argv[start + 2], argv[start + 3:]
 
 
@@ -114,6 +116,8 @@ def test_rayjob_runs_a_valid_agentrl_train_command():
         assert local.is_file(), f"{path.name}: {config} is not a config in this repo"
         cfg = load_config(str(local), overrides)  # raises on unknown keys / bad values
         assert cfg.model.path.startswith("/"), "model.path must be absolute: the job does not run in /app"
+        # a retried attempt resumes: --resume auto, checkpoints at an interval, results off the pods
+        assert "--resume auto" in entrypoint and cfg.train.checkpoint_every > 0 and cfg.run.storage, path.name
 
         # The placement the comments promise: rollout workers and the learner do not fit on the
         # head (so never land on a pod without a GPU) but do fit on one GPU worker pod each.

@@ -222,6 +222,9 @@ def recipe_run(path: Path) -> tuple[str, list[str]]:
         argv = shlex.split(yaml.safe_load(text)["spec"]["entrypoint"])
     start = argv.index("agentrl")
     assert argv[start + 1] == "train", argv
+    if argv[start + 2] == "--resume":  # `train --resume auto CONFIG ...`: what a restarted job runs
+        assert argv[start + 3] == "auto", argv
+        del argv[start + 2:start + 4]
     config = argv[start + 2]
     local = ROOT / (config.removeprefix("/app/") if config.startswith("/app/") else config)
     assert local.is_file(), f"{path.name}: {config} is not a config in this repo"
