@@ -215,13 +215,13 @@ def test_shutdown_runs_every_part_and_masks_no_error(tmp_path, capsys):
 
     trainer = SimpleNamespace(trajectories=SimpleNamespace(close=part("trajectories")), write_trace=part("trace"),
                               _stop_rods=part("rods"), rollout_side=SimpleNamespace(shutdown=part("workers", fails=True)),
-                              metrics=SimpleNamespace(close=part("metrics")))
+                              learner=SimpleNamespace(kill=part("learner")), metrics=SimpleNamespace(close=part("metrics")))
     Trainer.shutdown(trainer, raise_errors=False)  # a run's error is propagating: logged only
-    assert done == ["trajectories", "trace", "rods", "workers", "metrics"]
+    assert done == ["trajectories", "trace", "rods", "workers", "learner", "metrics"]
     assert "shutdown: rollout side failed: RuntimeError: workers broke" in capsys.readouterr().out
     with pytest.raises(RuntimeError, match="workers broke"):  # a run that succeeded: raised, after every part ran
         Trainer.shutdown(trainer)
-    assert done[5:] == ["trajectories", "trace", "rods", "workers", "metrics"]
+    assert done[6:] == ["trajectories", "trace", "rods", "workers", "learner", "metrics"]
 
     def no_report(run_dir):
         raise ValueError("no metrics")

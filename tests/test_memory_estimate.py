@@ -202,6 +202,15 @@ def test_zero3_model_states_match_deepspeeds_estimator(name):
 
 
 # ---------------------------------------------------------------------------- activations
+@pytest.fixture(autouse=True)
+def _torch_linear(monkeypatch):
+    """torch's own F.linear: a ZeRO-3 engine built earlier in this process (tests/test_learner.py)
+    leaves DeepSpeed's memory-efficient linear in its place for good (ZeRO-3's
+    ``memory_efficient_linear``), which saves different tensors for backward."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.nn.functional, "linear", torch._C._nn.linear)
+
+
 def _saved_bytes(decoder, **inputs) -> int:
     """Bytes of the distinct storages autograd saves in a forward (parameters excluded)."""
     import torch

@@ -42,6 +42,7 @@ def _stand_in(model, zero_stage: int = 0):
     return SimpleNamespace(
         learner_cfg=SimpleNamespace(zero_stage=zero_stage), hf_model=model, tied_embeddings=tied,
         state_dict_for_inference=state_dict_for_inference,
+        inference_weights=lambda: iter(state_dict_for_inference().items()),
     )
 
 
