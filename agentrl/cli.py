@@ -149,12 +149,12 @@ def _fetch_stored_config(config, run_dir: Path) -> bool:
 
 def _preflight(config, args: argparse.Namespace) -> int | None:
     """``agentrl train``'s pre-flight: the run's plan checked against the cluster it will use (the
-    connected one, or the embedded cluster on this machine; runtime/placement.py), before any run
+    connected one, or the embedded cluster on this machine; runtime/plan.py), before any run
     folder or actor exists. 2 with the plan and its reasons when the job cannot be placed or does
     not fit, else None (one summary line printed)."""
     if args.no_plan:
         return None
-    from agentrl.runtime.placement import preflight
+    from agentrl.runtime.plan import preflight
 
     if config.runtime.ray_address or os.environ.get("RAY_ADDRESS"):
         # torch before ray.init, as the driver loads it (driver.train: oneMKL under `ray job submit`)
@@ -184,7 +184,8 @@ def _plan(args: argparse.Namespace) -> int:
         return _fail("--cluster declares a cluster and --address reads a running one: give one of them")
     if args.reserve and args.cluster:
         return _fail("--reserve places the plan on a running cluster: use it with --address (or RAY_ADDRESS), not --cluster")
-    from agentrl.runtime.placement import check_plan, connected_cluster, parse_shape, reserve, this_machine
+    from agentrl.runtime.cluster_shape import connected_cluster, parse_shape, this_machine
+    from agentrl.runtime.plan import check_plan, reserve
 
     address = None if args.cluster else args.address or config.runtime.ray_address or os.environ.get("RAY_ADDRESS")
     try:

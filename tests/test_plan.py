@@ -1,4 +1,4 @@
-"""`agentrl plan` and the placement it checks (agentrl/runtime/placement.py).
+"""`agentrl plan` and the placement it checks (agentrl/runtime/placement.py, plan.py, cluster_shape.py).
 
 * the roles and bundles a config asks Ray for, the config rules on GPUs and tensor parallelism,
   and the vLLM arguments of a tensor-parallel engine;
@@ -34,8 +34,10 @@ import yaml
 
 from agentrl.config import ConfigError, load_config
 from agentrl.engines.vllm_engine import parallel_args
-from agentrl.runtime import placement
-from agentrl.runtime.placement import check_plan, learner_bundles, parse_shape, plan_roles
+from agentrl.runtime import plan as plan_module
+from agentrl.runtime.cluster_shape import parse_shape
+from agentrl.runtime.placement import learner_bundles, plan_roles
+from agentrl.runtime.plan import check_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
@@ -319,14 +321,14 @@ def test_plan_cli_declared(capsys, qwen3_4b):
 def test_train_runs_the_plan_check_first(monkeypatch, fake_driver, capsys):
     from agentrl.cli import main
 
-    monkeypatch.setattr(placement, "cluster_for_run", lambda cfg: parse_shape("nodes=1,cpus_per_node=4"))
+    monkeypatch.setattr(plan_module, "cluster_for_run", lambda cfg: parse_shape("nodes=1,cpus_per_node=4"))
     assert main(["train", QUICKSTART, *GPU]) == 2 and fake_driver == []  # no GPUs here: stopped before the driver
     err = capsys.readouterr().err
     assert "runtime.learner_gpus=1 but the cluster has no GPUs" in err and "--no-plan skips this check" in err
     assert main(["train", QUICKSTART, *GPU, "--no-plan"]) == 0 and len(fake_driver) == 1
     assert main(["train", QUICKSTART]) == 0 and len(fake_driver) == 2
     assert capsys.readouterr().out.startswith("plan: OK (")
-    monkeypatch.setattr(placement, "cluster_for_run", lambda cfg: parse_shape("nodes=1,cpus_per_node=4,gpus_per_node=2"))
+    monkeypatch.setattr(plan_module, "cluster_for_run", lambda cfg: parse_shape("nodes=1,cpus_per_node=4,gpus_per_node=2"))
     assert main(["train", QUICKSTART]) == 2  # a GPU machine: CPU actors refused...
     assert main(["train", QUICKSTART, "--allow-cpu"]) == 0 and len(fake_driver) == 3  # ...unless allowed
 
