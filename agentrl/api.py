@@ -42,6 +42,11 @@ class EnvError(RuntimeError):
     not answer. Raised by the session; the episode loop ends the episode with ``ENV_ERROR``."""
 
 
+class EngineNotStarted(RuntimeError):
+    """A rollout worker asked to load weights has no engine: Ray restarted the actor since its
+    ``start`` (the scheduler revives it and loads again)."""
+
+
 @dataclass
 class Generation:
     token_ids: list[int]
@@ -132,6 +137,7 @@ class GroupSummary:
     wall_seconds: float
     policy: str = POLICY
     env_failures: int = 0  # episodes dropped because their environment failed (ENV_ERROR)
+    env_reruns: int = 0  # times the group was rolled out again because an episode's environment failed
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agentrl import __version__
-from agentrl.runtime.preemption import EXIT_PREEMPTED, Preempted
+from agentrl.runtime.preemption import EXIT_PREEMPTED, Preempted, ResumableFailure
 from agentrl.runtime.process_env import set_default_env
 from agentrl.telemetry.trajectories import TrajectoryError, read_trajectories
 from agentrl.telemetry.transcript import print_episodes
@@ -55,7 +55,7 @@ def _run(fn, *args, **kwargs) -> int:
             raise
         print(err.code, file=sys.stderr)
         return 2
-    except Preempted:
+    except (Preempted, ResumableFailure):
         return EXIT_PREEMPTED  # the driver printed what was saved and how to continue
     return 0
 

@@ -37,8 +37,8 @@ def greedy_vs_sampled(model: str, tasks: list, samples: int, temperature: float)
         greedy = {r["task_id"]: r["outcome"] for r in ray.get(worker.evaluate.remote(tasks))}
         sampled: dict[str, list[float]] = {}
         for i in range(0, len(tasks), 8):
-            summaries, _ = ray.get(worker.rollout.remote(tasks[i : i + 8], samples, temperature, 1.0, i))
-            sampled.update({s["task_id"]: s["outcome"] for s in summaries})
+            summaries = ray.get(worker.rollout.remote(tasks[i : i + 8], samples, temperature, 1.0, i))[0]
+            sampled.update({s.task_id: s.outcome for s in summaries})
         ray.get(worker.shutdown.remote())
     finally:
         ray.shutdown()

@@ -18,16 +18,30 @@ class Dead(Exception):
 
 
 class Call:
-    """A pending rollout call with its tasks (as cluster.RolloutCall); ``dies``: times fetching it fails."""
+    """A pending rollout call with its tasks (as cluster.RolloutCall); ``dies``: times fetching it
+    fails; ``killers``: tasks that kill any call they are in, every time."""
 
-    def __init__(self, worker_index: int, tasks: list[str], dies: int = 0):
+    def __init__(self, worker_index: int, tasks: list[str], dies: int = 0, killers: frozenset = frozenset()):
         self.worker_index, self.worker, self.role, self.tasks, self.dies = worker_index, f"w{worker_index}", "policy", tasks, dies
+        self.killers = killers
         self.ref, self.result, self.launches = self, None, 1
+
+    def fetch(self, timeout=None):
+        return fetch(self)
+
+    def part(self, i: int) -> "Call":
+        one = Call(self.worker_index, self.tasks[i:i + 1], killers=self.killers)
+        one.launches = self.launches
+        return one
+
+    @staticmethod
+    def merge(results: list) -> list:
+        return [x for r in results for x in r]
 
 
 def fetch(call: Call):
-    if call.dies:
-        call.dies -= 1
+    if call.dies or set(call.tasks) & call.killers:
+        call.dies = max(0, call.dies - 1)
         raise Dead
     return [f"{t}@launch{call.launches}" for t in call.tasks]
 
@@ -52,9 +66,14 @@ def test_collect_without_recovery_lets_the_error_through():
         collect([Call(0, ["a"], dies=1)], fetch, relaunch, ())
 
 
+class TimedOut(Exception):
+    """Stands in for ray.exceptions.GetTimeoutError."""
+
+
 class FakeRay:
     class exceptions:
         RayActorError = Dead
+        GetTimeoutError = TimedOut
 
     @staticmethod
     def get(ref):
@@ -88,8 +107,36 @@ def test_a_dead_worker_is_revived_given_the_learners_weights_and_its_tasks_reiss
     s.updated(1)  # sync mode loads v1 now; async mode holds it back until step 2's rollouts are in
     assert s.take(2) == [["c@launch1"], ["d@launch2"]]
     assert revived == ["w1"] and engines.into == [("w1", "policy", 1)]  # the learner's newest weights
-    assert s.pop_recoveries() == {"recovery/worker_restarts": 1.0, "recovery/reissued_groups": 1.0}
-    assert s.pop_recoveries() == {"recovery/worker_restarts": 0.0, "recovery/reissued_groups": 0.0}
+    assert s.pop_recoveries() == {"recovery/worker_restarts": 1.0, "recovery/reissued_groups": 1.0,
+                                  "recovery/quarantined_tasks": 0.0}
+    assert s.pop_recoveries() == {"recovery/worker_restarts": 0.0, "recovery/reissued_groups": 0.0,
+                                  "recovery/quarantined_tasks": 0.0}
+
+
+def test_a_task_that_kills_its_worker_twice_is_quarantined_and_the_others_delivered(monkeypatch):
+    """The call [a, bad, c] dies; its tasks are re-issued one at a time; ``bad`` kills its worker
+    again alone, so it is quarantined (never launched again); ``a`` and ``c`` are delivered once."""
+    monkeypatch.setattr(scheduler_mod, "ray", FakeRay)
+    engines, revived = Engines(), []
+    launches = {1: [Call(0, ["a", "bad", "c"], killers=frozenset({"bad"})), Call(1, ["d"])]}
+    s = RolloutScheduler(launches.get, engines, False, revive=lambda w: revived.append(w) or 1.0, reissue=relaunch)
+    assert s.take(1) == [["a@launch2", "c@launch2"], ["d@launch1"]]
+    assert s.quarantined == {"bad"} and s.deaths == {"a": 1, "bad": 2, "c": 1}
+    assert revived == ["w0", "w0"]  # the call's death, then bad's own
+    assert s.pop_recoveries() == {"recovery/worker_restarts": 2.0, "recovery/reissued_groups": 3.0,
+                                  "recovery/quarantined_tasks": 1.0}
+
+
+def test_a_rollout_call_past_its_timeout_is_an_error_naming_the_worker(monkeypatch):
+    class Hung(Call):
+        def fetch(self, timeout=None):
+            assert timeout == 5.0
+            raise TimedOut
+
+    monkeypatch.setattr(scheduler_mod, "ray", FakeRay)
+    s = RolloutScheduler({1: [Hung(3, ["a"])]}.get, Engines(), False, revive=lambda w: 1.0, reissue=relaunch, timeout_s=5.0)
+    with pytest.raises(scheduler_mod.RolloutTimeout, match=r"rollout worker 3 \(policy, actor w3\).*rollout_timeout_s=5s"):
+        s.take(1)
 
 
 def test_discarded_rollouts_of_a_dead_worker_are_not_reissued_but_its_engine_is_rebuilt(monkeypatch):
@@ -102,7 +149,29 @@ def test_discarded_rollouts_of_a_dead_worker_are_not_reissued_but_its_engine_is_
     s.updated(1)
     s.sync(discard_in_flight=True)  # the end of the run: the weight load needs the revived engine
     assert revived == ["w0"] and engines.loads == [1] and not s.in_flight
-    assert s.pop_recoveries() == {"recovery/worker_restarts": 1.0, "recovery/reissued_groups": 0.0}
+    assert s.pop_recoveries() == {"recovery/worker_restarts": 1.0, "recovery/reissued_groups": 0.0,
+                                  "recovery/quarantined_tasks": 0.0}
+
+
+def test_a_worker_restarted_while_idle_is_revived_before_the_weights_load(monkeypatch):
+    """It died after returning its groups: no call of its is pending, so only the load finds it."""
+    from agentrl.api import EngineNotStarted
+
+    class FirstLoadFails(Engines):
+        def sync(self, version):
+            if not self.loads:
+                self.loads.append("failed")
+                raise EngineNotStarted("restarted")
+            super().sync(version)
+
+    monkeypatch.setattr(scheduler_mod, "ray", FakeRay)
+    engines = FirstLoadFails()
+    s = RolloutScheduler({1: [Call(0, ["a"])]}.get, engines, False, revive=lambda w: 1.0, reissue=relaunch,
+                         revive_restarted=lambda: 1)
+    s.take(1)
+    s.updated(1)
+    assert engines.loads == ["failed", 1] and s.version == 1
+    assert s.pop_recoveries()["recovery/worker_restarts"] == 1.0
 
 
 def _summary(outcomes: list[float], failures: int = 0) -> GroupSummary:
@@ -191,12 +260,38 @@ def test_a_dead_sgls_server_or_tool_actor_is_an_environment_error(monkeypatch):
                 return dead_call()
 
     session = tool_pool.RemoteEnvSession(Actor(), "s")
-    with pytest.raises(EnvError, match="tool actor died"):
+    with pytest.raises(EnvError, match="tool actor .* died"):
         asyncio.run(session.execute([]))
     asyncio.run(session.close())  # a dead actor has nothing to free: no error
     lost = tool_pool.ToolBackendActor.__ray_metadata__.modified_class()
     with pytest.raises(EnvError, match="restarted"):
         lost.execute("gone", [])
+
+
+def test_a_hung_tool_call_times_out_with_an_error_naming_the_actor(ray_cluster):
+    """A real actor that never answers: the session's call ends within runtime.tool_call_timeout_s
+    as an environment error (the episode ends with ENV_ERROR, its group is rolled out again)."""
+    import ray
+
+    from agentrl.runtime.tool_pool import RemoteEnvSession
+    from agentrl.tasks.schema import ToolCall
+
+    @ray.remote(num_cpus=0)
+    class HungTools:
+        def execute(self, session_id, calls):
+            import time
+
+            time.sleep(60)
+
+        def close(self, session_id):
+            return None
+
+    actor = HungTools.remote()
+    session = RemoteEnvSession(actor, "ep-1", timeout_s=0.5)
+    with pytest.raises(EnvError, match=r"tool actor .*HungTools\([0-9a-f]+\) did not answer lookup \(session ep-1\) "
+                                       r"within runtime.tool_call_timeout_s=0.5s"):
+        asyncio.run(session.execute([ToolCall(name="lookup", arguments={})]))
+    ray.kill(actor)
 
 
 def test_shutdown_runs_every_part_and_masks_no_error(tmp_path, capsys):

@@ -286,11 +286,10 @@ def test_every_estimator_trains_on_real_rollouts(tiny_model_dir, ray_cluster, tm
                                                       rewards_cfg=cfg.rewards)
     ray.get(worker.start.remote())
     tasks = [t for t in builtin_split("train") if len(t.turns) >= 2][:2]
-    summaries, refs = ray.get(worker.rollout.remote(tasks, 4, 1.0, 1.0, 0))
+    summaries, *groups = ray.get(worker.rollout.remote(tasks, 4, 1.0, 1.0, 0))  # one call, every group in its answer
     ray.get(worker.shutdown.remote())
     assert {"process", "summary", "omission", "process/format"} <= set(summaries[0].rewards)
 
-    groups = ray.get([r.ref for r in refs])
     for g in groups:
         for k, e in enumerate(g.episodes):
             e.turn_passed = [bool(k % 2)] + [False] * (len(e.turn_passed) - 1)
@@ -309,56 +308,89 @@ def test_every_estimator_trains_on_real_rollouts(tiny_model_dir, ray_cluster, tm
             assert math.isfinite(m["critic/loss"]), m
 
 
-def test_a_killed_rollout_worker_and_tool_actor_cost_no_group(tiny_model_dir, ray_cluster, tmp_path, monkeypatch):
-    """Ray restarts a rollout worker killed mid-step 1 (its engine rebuilt, the weights loaded)
-    and the driver re-issues its groups: step 1 trains each of its 2 x 4 episodes once. A tool
-    actor killed mid-step 2 (tools.placement=pool) loses its sessions: those episodes are
-    dropped and counted, the others trained. The run finishes and writes its results."""
+def test_a_killed_rollout_worker_tool_actor_or_engine_costs_no_group(tiny_model_dir, ray_cluster, tmp_path, monkeypatch):
+    """Four owners die, one per step, and no group is lost or doubled (each step trains its 2 x 4
+    episodes once):
+
+    1. a rollout worker killed mid-rollout: Ray restarts it, the driver rebuilds its engine, loads
+       the weights and re-issues its 2 groups (one at a time);
+    2. the tool actor killed mid-episode (tools.placement=pool): its sessions are lost, and the
+       groups of those episodes are rolled out again on the restarted actor;
+    3. the worker's vLLM engine process killed mid-rollout: EngineDeadError, the worker exits to be
+       restarted, then as in 1;
+    4. the worker killed after returning its groups, before the learner fetched them: the groups
+       are owned by the driver, so the learner still gets them; the idle restarted worker is
+       rebuilt before the weights load."""
     import threading
     import time
 
+    import psutil
     import ray
 
     from agentrl.runtime import driver
     from agentrl.telemetry.trajectories import read_trajectories
 
-    launch = driver.Trainer._launch_rollouts
+    launch, learn = driver.Trainer._launch_rollouts, driver.Trainer._learn
+
+    def kill_engine_process(worker) -> None:
+        pid = ray.get(worker.__ray_call__.remote(lambda self: __import__("os").getpid()))
+        (engine,) = [p for p in psutil.Process(pid).children(recursive=True) if "EngineCore" in p.name()]
+        engine.kill()
 
     def launch_and_kill(self, step):
         pool = self.rollout_side.pool.actors[0]
         before = ray.get(pool.stats.remote())["opened"]
         calls = launch(self, step)
-        victim = {1: self.workers[0], 2: pool}[step]
+        kill = {1: lambda: ray.kill(self.workers[0], no_restart=False), 2: lambda: ray.kill(pool, no_restart=False),
+                3: lambda: kill_engine_process(self.workers[0])}.get(step)
 
-        def kill():  # once the step's 8 episodes are under way (they have opened their sessions)
+        def when_under_way():  # once the step's 8 episodes are under way (they have opened their sessions)
             deadline = time.time() + 300
             while ray.get(pool.stats.remote())["opened"] < before + 8 and time.time() < deadline:
                 time.sleep(0.05)
-            ray.kill(victim, no_restart=False)
+            kill()
 
-        threading.Thread(target=kill, daemon=True).start()
+        if kill is not None:
+            threading.Thread(target=when_under_way, daemon=True).start()
         return calls
 
+    def kill_then_learn(self, step, *args, **kwargs):
+        if step == 4:  # the groups were returned (phase 1) and stored (phase 2); the learner has not fetched them
+            worker = self.workers[0]
+            ray.kill(worker, no_restart=False)
+            deadline = time.time() + 60
+            while time.time() < deadline:  # until the kill has landed: the restarted actor has no engine
+                try:
+                    if not ray.get(worker.ready.remote(), timeout=5):
+                        break
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    pass
+                time.sleep(0.1)
+        return learn(self, step, *args, **kwargs)
+
     monkeypatch.setattr(driver.Trainer, "_launch_rollouts", launch_and_kill)
+    monkeypatch.setattr(driver.Trainer, "_learn", kill_then_learn)
     # messages long enough to end (at 48 tokens most are cut off, and such an episode never
     # reaches its environment again after opening its session: nothing to lose)
     cfg = _config(tiny_model_dir, tmp_path, "tools.placement=pool", "tools.num_actors=1", "train.eval_at_start=false",
-                  "train.eval_at_end=false", "telemetry.trace=false", "rollout.max_new_tokens=160")
+                  "train.eval_at_end=false", "telemetry.trace=false", "rollout.max_new_tokens=160", "train.steps=4")
     assert driver.train(cfg, config_path=None) == {}
     run_dir = next((tmp_path / "runs").iterdir())
     steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in steps] == [1, 2]
-    one, two = steps
+    assert [x["step"] for x in steps] == [1, 2, 3, 4]
+    for x in steps:  # nothing dropped: every episode of every group trained once
+        assert x["train/episodes"] == x["learner/sequences"] == 8 and x["train/env_failures"] == 0, x
+    one, two, three, four = steps
     assert (one["recovery/worker_restarts"], one["recovery/reissued_groups"]) == (1, 2)
-    assert one["train/episodes"] == one["learner/sequences"] == 8 and one["train/env_failures"] == 0
     assert (two["recovery/worker_restarts"], two["recovery/reissued_groups"]) == (0, 0)
-    assert two["train/env_failures"] == two["recovery/dropped_episodes"] >= 1
-    assert two["train/episodes"] + two["train/env_failures"] == 8
-    assert two.get("learner/sequences", 0) == two["train/episodes"]  # nothing trained if every episode was dropped
+    assert two["recovery/env_reruns"] >= 1  # the groups whose sessions died with the tool actor
+    assert (three["recovery/worker_restarts"], three["recovery/reissued_groups"]) == (1, 2)
+    assert (four["recovery/worker_restarts"], four["recovery/reissued_groups"]) == (1, 0)
+    assert sum(x["recovery/quarantined_tasks"] for x in steps) == 0
     rows = read_trajectories(run_dir)  # every trained episode once: no group lost, none twice
     for x in steps:
         mine = [r for r in rows if r["step"] == x["step"]]
         assert len(mine) == len({(r["group_id"], r["index"]) for r in mine}) == x["train/episodes"]
-    assert len({r["group_id"] for r in rows if r["step"] == 1}) == len({r["task_id"] for r in rows if r["step"] == 1}) == 2
+        assert len({r["group_id"] for r in mine}) == len({r["task_id"] for r in mine}) == 2
     assert (run_dir / "final" / "model.safetensors").exists() and (run_dir / "report.png").exists()
     assert json.loads((run_dir / "evals.json").read_text()) == {}

@@ -75,3 +75,40 @@ def test_sigterm_checkpoints_and_resume_auto_continues(tiny_model_dir, ray_clust
     assert [r["step"] for r in _jsonl(run / METRICS_FILE)] == [1, 2, 3, 4, 5]
     assert [r["train/policy_version"] for r in _jsonl(run / METRICS_FILE)] == [1, 2, 3, 4, 5]
     assert [s for s, _ in complete_checkpoints(run)] == [5] and (run / "final").is_dir()
+
+
+def test_a_lost_learner_stops_the_run_resumably_and_resume_auto_recovers(tiny_model_dir, ray_cluster, tmp_path,
+                                                                         monkeypatch):
+    """The learner killed during step 2's update: the run stops with EXIT_PREEMPTED (nothing can be
+    saved without the learner; checkpoint-1 is the newest), and ``--resume auto`` continues from
+    checkpoint-1: steps 2 and 3 are trained, each logged once."""
+    import ray
+
+    from agentrl.runtime import driver
+
+    learn = driver.Trainer._learn
+
+    def kill_then_learn(self, step, *args, **kwargs):
+        if step == 2:
+            ray.kill(self.learner.ranks[0])
+        return learn(self, step, *args, **kwargs)
+
+    config = tmp_path / "job.yaml"
+    config.write_text(dump_config(load_config(None, [
+        f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path / 'runs'}", "run.name=job", "tasks.heldout_size=2",
+        "rollout.group_size=2", "rollout.tasks_per_step=2", "rollout.max_new_tokens=48", "learner.micro_batch_size=4",
+        "train.steps=3", "train.checkpoint_every=1", "train.eval_at_start=false", "train.eval_at_end=false",
+        "telemetry.progress=false", "telemetry.trajectories_every=0", "telemetry.ray_metrics=false",
+        "telemetry.tensorboard=false", "telemetry.trace=false"])))
+    run = tmp_path / "runs" / "job"
+    with monkeypatch.context() as patch:
+        patch.setattr(driver.Trainer, "_learn", kill_then_learn)
+        assert main(["train", str(config), "--resume", "auto"]) == EXIT_PREEMPTED
+    assert [r["step"] for r in _jsonl(run / METRICS_FILE)] == [1]
+    assert [s for s, _ in complete_checkpoints(run)] == [1]
+
+    assert main(["train", str(config), "--resume", "auto"]) == 0
+    (resumed,) = _jsonl(run / "resumes.jsonl")
+    assert resumed["step"] == 1 and resumed["learner_digest_match"]
+    assert [r["step"] for r in _jsonl(run / METRICS_FILE)] == [1, 2, 3]
+    assert [r["train/policy_version"] for r in _jsonl(run / METRICS_FILE)] == [1, 2, 3]

@@ -60,6 +60,9 @@ def test_resume_accepts_only_overrides_that_leave_the_math_alone(tmp_path):
 def test_resumable_keys_and_changed_keys():
     assert resumable("telemetry.jsonl") and resumable("train.steps") and resumable("runtime.rollout_worker_resources.x")
     assert not resumable("train.async_rollouts") and not resumable("train") and not resumable("telemetryx")
+    # a job moved to GPUs, or given other timeouts, continues the same run
+    assert resumable("runtime.learner_gpus") and resumable("rollout.engine.tensor_parallel_size")
+    assert resumable("runtime.rollout_timeout_s") and not resumable("run.storage")
     a, b = load_config(None), load_config(None, ["tools.sgls={endpoint: {base_url: http://x, model: m}}", "train.steps=3"])
     assert "train.steps" in changed_keys(a, b) and "tools.sgls" in changed_keys(a, b)
 
@@ -156,7 +159,7 @@ def _tasks(n: int) -> list:
 
 @pytest.mark.parametrize("fresh", [False, True])
 def test_task_sampler_resumes_its_draws(fresh):
-    from agentrl.runtime.driver import TaskSampler
+    from agentrl.runtime.task_sources import TaskSampler
 
     cfg = load_config(None, [f"tasks.fresh_train={str(fresh).lower()}", "run.seed=3"])
     tasks = _tasks(5)

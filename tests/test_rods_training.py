@@ -61,7 +61,8 @@ def test_training_with_rods_samples_from_the_pool_and_logs_every_event(tiny_mode
     """RODS only decides which tasks are rolled out, so it composes with any estimator; this run
     uses SLCA (segment advantages, the least GRPO-like batch), benchmarks/compare_methods.py (arm rods) GRPO."""
     from agentrl.cli import main
-    from agentrl.runtime.driver import POOL_LOG, POOL_STATE, train
+    from agentrl.runtime.checkpoint import POOL_LOG, POOL_STATE
+    from agentrl.runtime.driver import train
 
     # The format-only test model rarely scores, so widen the boundary to every group (low = 0)
     # and switch retirement off: the point here is the plumbing, not the thresholds.

@@ -16,6 +16,9 @@ class Call:
         self.step, self.engine_version, self.done = step, engine_version, False
         self.ref, self.result = self, None  # as cluster.RolloutCall: the pending ref, the fetched result
 
+    def fetch(self, timeout=None):
+        return FakeRay.get(self)
+
 
 class Stored:
     """``ray.put``'s object: a result already there."""

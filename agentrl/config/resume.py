@@ -22,11 +22,14 @@ CONFIG_FILE = "config.yaml"
 # Keys (or whole sections) a resumed run may change: none of them changes what is trained on,
 # how it is scored or how the policy is updated.
 RESUMABLE = (
-    "train.steps", "train.eval_every", "train.eval_at_end", "train.checkpoint_every", "train.max_minutes",
-    "telemetry", "tasks.heldout_size",
+    "train.steps", "train.eval_every", "train.eval_at_end", "train.checkpoint_every", "train.keep_checkpoints",
+    "train.max_minutes", "telemetry", "tasks.heldout_size",
     "runtime.ray_address", "runtime.num_cpus", "runtime.rollout_worker_cpus", "runtime.learner_cpus",
-    "runtime.tool_actor_cpus", "runtime.rollout_worker_resources",
-    "rollout.engine.kv_cache_gib",
+    "runtime.tool_actor_cpus", "runtime.rollout_worker_resources", "runtime.rollout_worker_gpus",
+    "runtime.learner_gpus", "runtime.max_actor_restarts", "runtime.rollout_timeout_s", "runtime.learner_timeout_s",
+    "runtime.tool_call_timeout_s",
+    # the engines' size and layout: the same sampling distribution on other devices
+    "rollout.engine.kv_cache_gib", "rollout.engine.tensor_parallel_size",
 )
 
 

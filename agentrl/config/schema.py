@@ -273,6 +273,16 @@ class RuntimeConfig(Section):
     # Times Ray restarts a dead rollout worker, tool-pool actor or SGLS server (each); the driver
     # re-issues a dead worker's undelivered groups. 0 = any actor death ends the run.
     max_actor_restarts: NonNegInt = 3
+    # Seconds the driver waits for one rollout call (a worker's share of a step) before it stops the
+    # run with an error naming the worker (a hung engine or in-process tool); null = no limit.
+    rollout_timeout_s: PosFloat | None = 3600.0
+    # Seconds the driver waits for one learner update (or weight publish) before it stops the run with
+    # an error naming the learner; null = no limit.
+    learner_timeout_s: PosFloat | None = 3600.0
+    # Seconds one tool call on a tool-pool actor (tools.placement=pool, SGLS tasks) may take before the
+    # episode ends with an environment error naming the actor (its group is rolled out again). Must
+    # exceed tools.sgls.request_timeout_s, which bounds one simulated response.
+    tool_call_timeout_s: PosFloat = 600.0
 
     @model_validator(mode="after")
     def _whole_gpus(self) -> "RuntimeConfig":
@@ -326,6 +336,11 @@ class Config(Section):
         if self.rspo.enabled:
             self._check_rspo()
         self._check_tensor_parallel()
+        sgls = self.tools.sgls
+        if sgls is not None and self.runtime.tool_call_timeout_s <= sgls.request_timeout_s:
+            raise ValueError(f"runtime.tool_call_timeout_s={self.runtime.tool_call_timeout_s:g} must exceed "
+                             f"tools.sgls.request_timeout_s={sgls.request_timeout_s:g}: a simulated tool call waits for "
+                             "the simulator's response, so it would time out first")
         return self
 
     def _check_tensor_parallel(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import ray
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from agentrl.api import EXPLORER, POLICY
+from agentrl.api import EXPLORER, POLICY, GroupRef, GroupSummary
 from agentrl.config import Config
 from agentrl.config.schema import explorer_group_size
 from agentrl.runtime.placement import rollout_bundle, rollout_uses_groups
@@ -88,15 +88,34 @@ class RolloutCall:
     temperature: float
     top_p: float
     tag: int
-    ref: Any = None
+    env_retries: int = 0
+    ref: Any = None  # the summaries
+    group_refs: list = field(default_factory=list, repr=False)  # one per task, owned by this (the calling) process
     result: Any = field(default=None, repr=False)
 
     def launch(self) -> "RolloutCall":
-        """Start the call (again, after a restart) on its worker; returns self."""
+        """Start the call (again, after a restart) on its worker; returns self. One return object
+        per group (``RolloutWorker.rollout``): owned here, so they outlive the worker."""
         self.result = None
-        self.ref = self.worker.rollout.remote(self.tasks, self.group_size, self.temperature, self.top_p, self.tag,
-                                              self.keys)
+        refs = self.worker.rollout.options(num_returns=len(self.tasks) + 1).remote(
+            self.tasks, self.group_size, self.temperature, self.top_p, self.tag, self.keys, self.env_retries)
+        self.ref, self.group_refs = refs[0], list(refs[1:])
         return self
+
+    def part(self, i: int) -> RolloutCall:
+        """Task ``i`` alone, as a call of its own (not launched): how the scheduler re-issues a dead call."""
+        return replace(self, tasks=self.tasks[i:i + 1], keys=self.keys[i:i + 1], ref=None, group_refs=[], result=None)
+
+    @staticmethod
+    def merge(results: list[tuple[list, list]]) -> tuple[list[GroupSummary], list[GroupRef]]:
+        """Several calls' results as one."""
+        return [s for r in results for s in r[0]], [g for r in results for g in r[1]]
+
+    def fetch(self, timeout: float | None = None) -> tuple[list[GroupSummary], list[GroupRef]]:
+        """(summaries, refs of the stored groups): only the summaries travel here."""
+        summaries = ray.get(self.ref, timeout=timeout)
+        return summaries, [GroupRef(ref, s.version, s.task_id) for s, ref in zip(summaries, self.group_refs, strict=True)
+                           if s.outcome]  # a group every episode of which was dropped is None
 
 
 def shard(items: list, n: int) -> list[list]:
@@ -116,10 +135,11 @@ class RolloutSide:
     """
 
     def __init__(self, sgls, pool, workers: list, engine: bool = True, explorers: list | None = None,
-                 explorer_episodes: int = 0):
+                 explorer_episodes: int = 0, env_retries: int = 0):
         self.sgls, self.pool, self.workers, self.engine = sgls, pool, workers, engine
         self.explorers = explorers or []
         self.explorer_episodes = explorer_episodes
+        self.env_retries = env_retries  # times a group whose environment failed is rolled out again
 
     @classmethod
     def create(cls, cfg: Config, model_path: str, *, rollout_cfg=None, weight_sync: str = "object_store",
@@ -134,7 +154,8 @@ class RolloutSide:
         rt = cfg.runtime
         sgls = start_sgls_server(cfg, cfg.model.dtype, max_restarts=rt.max_actor_restarts)
         pool = ToolPool.create(cfg.tools.num_actors, rt.tool_actor_cpus, cfg.tools.max_concurrency, sgls,
-                               cfg.tools.sgls, placement=cfg.tools.placement, max_restarts=rt.max_actor_restarts)
+                               cfg.tools.sgls, placement=cfg.tools.placement, max_restarts=rt.max_actor_restarts,
+                               call_timeout_s=rt.tool_call_timeout_s)
         rollout_cfg = cfg.rollout if rollout_cfg is None else rollout_cfg
         # max_restarts: Ray restarts a dead worker; the driver rebuilds its engine (revive) and
         # re-issues its undelivered groups. No task retries: a re-run needs the engine first.
@@ -152,7 +173,7 @@ class RolloutSide:
             for i in range(cfg.rollout.num_workers)
         ]
         if not (cfg.rspo.enabled and engine):
-            return cls(sgls, pool, workers, engine)
+            return cls(sgls, pool, workers, engine, env_retries=rt.max_actor_restarts)
         # RSPO: the explorer starts as the initial policy; its workers get their own engine seeds
         n = cfg.rollout.num_workers
         explorers = [
@@ -161,7 +182,7 @@ class RolloutSide:
             for j in range(cfg.rspo.explorer_workers)
         ]
         g_b = explorer_group_size(cfg.rspo.explorer_fraction, cfg.rollout.group_size)
-        return cls(sgls, pool, workers, engine, explorers, g_b)
+        return cls(sgls, pool, workers, engine, explorers, g_b, env_retries=rt.max_actor_restarts)
 
     def start(self) -> list[float]:
         """Build every worker's engine (and tokenizer); returns each worker's start seconds. A
@@ -192,7 +213,7 @@ class RolloutSide:
                 continue
             parts = zip(workers, shard(tasks, len(workers)), shard(keys, len(workers)))
             calls += [RolloutCall(w, first + i, role, part, part_keys, size, rollout_cfg.temperature, rollout_cfg.top_p,
-                                  tag + i).launch()
+                                  tag + i, self.env_retries).launch()
                       for i, (w, part, part_keys) in enumerate(parts) if part]
         return calls
 
@@ -212,6 +233,21 @@ class RolloutSide:
                     raise
                 time.sleep(min(2.0, 0.2 * (attempt + 1)))  # the handle may not know of the restart yet
         raise RuntimeError("rollout worker did not come back")
+
+    def revive_restarted(self) -> int:
+        """Revive every worker Ray restarted between calls (it died while idle, e.g. after
+        returning its groups): it has no engine until ``start``. Returns how many were revived."""
+        revived = 0
+        for w in self.workers + self.explorers:
+            try:
+                ready = ray.get(w.ready.remote())
+            except ray.exceptions.RayActorError:
+                ready = False
+            if not ready:
+                print("recovery: a rollout worker was restarted while idle; rebuilding its engine", flush=True)
+                self.revive(w)
+                revived += 1
+        return revived
 
     @staticmethod
     def reissue(call: RolloutCall) -> RolloutCall:

@@ -10,15 +10,16 @@ runtime/cluster.py, shared with ``agentrl eval``; the metric arithmetic is
 ``agentrl.telemetry.summaries``.
 
 Runs the same in-process on an embedded Ray (``agentrl train CONFIG``) and under
-``ray job submit`` against a cluster (Ray picks up ``RAY_ADDRESS``). The driver never touches a
-trajectory payload: workers put groups into the object store and the learner resolves them (so
-does the trajectory writer, an actor on the driver's node: runtime/trajectory_writer.py).
+``ray job submit`` against a cluster (Ray picks up ``RAY_ADDRESS``). The driver never fetches a
+trajectory payload: each group is a return object of its worker's call, owned by the driver (it
+outlives the worker) and left in the object store; the driver fetches the summaries and the
+learner resolves the groups (so does the trajectory writer: runtime/trajectory_writer.py).
+Where the step's tasks come from: runtime/task_sources.py.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import time
 from pathlib import Path
 
@@ -26,10 +27,9 @@ import ray
 
 from agentrl.api import POLICY, GroupRef, GroupSummary
 from agentrl.config import Config, dump_config
-from agentrl.envs.builtin.generator import generate_tasks, text_key
+from agentrl.envs.builtin.generator import text_key
 from agentrl.runtime.checkpoint import (
     POOL_LOG,
-    POOL_STATE,
     TASKS_LOG,
     Checkpoint,
     engine_seed_rollout_cfg,
@@ -42,104 +42,16 @@ from agentrl.runtime.checkpoint import (
     write_final,
 )
 from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
-from agentrl.runtime.preemption import Preempted, StopOnSignal
+from agentrl.runtime.preemption import Preempted, ResumableFailure, StopOnSignal
 from agentrl.runtime.process_env import set_default_env
 from agentrl.runtime.scheduler import RolloutScheduler
+from agentrl.runtime.task_sources import TaskSampler, load_task_sources, start_synthesis_actor
 from agentrl.runtime.trajectory_writer import Trajectories
 from agentrl.telemetry.metrics import MetricsSink
 from agentrl.telemetry.progress import ProgressLine, eval_table
 from agentrl.telemetry.summaries import eval_metrics, step_metrics
 from agentrl.telemetry.timeline import Timeline
 from agentrl.weight_sync import make_weight_sync
-
-
-class TaskSampler:
-    """Training tasks per step: shuffled passes over the train set, or fresh generated tasks."""
-
-    def __init__(self, cfg: Config, train_tasks: list, heldout_keys: set[tuple[str, ...]]):
-        self.cfg = cfg
-        self.rng = random.Random(cfg.run.seed)
-        self.heldout_keys = heldout_keys  # held-out tasks as their tuples of user turns
-        self.tasks = [] if cfg.tasks.fresh_train else list(train_tasks)
-        self.order: list = []
-        self.fresh_seed = 1_000_000 + cfg.run.seed * 10_000
-
-    def next(self, n: int) -> list:
-        if self.cfg.tasks.fresh_train:
-
-            self.fresh_seed += 1
-            return generate_tasks(n, seed=self.fresh_seed, id_prefix=f"fresh{self.fresh_seed}",
-                                  exclude=self.heldout_keys, suite=self.cfg.tasks.fresh_suite)
-        out = []
-        while len(out) < n:
-            if not self.order:
-                self.order = list(self.tasks)
-                self.rng.shuffle(self.order)
-            out.append(self.order.pop())
-        return out
-
-    def state_dict(self) -> dict:
-        """Everything ``next`` depends on: the RNG, the rest of the current pass (as indices into
-        the train set, checked against its task ids on load) and the fresh-task seed."""
-        index = {id(t): i for i, t in enumerate(self.tasks)}
-        return {"rng": _jsonable(self.rng.getstate()), "order": [index[id(t)] for t in self.order],
-                "fresh_seed": self.fresh_seed, "task_ids": [t.id for t in self.tasks]}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state["task_ids"] != [t.id for t in self.tasks]:
-            raise SystemExit("error: tasks.train: the training tasks are not the ones the checkpoint was drawn from "
-                             f"({len(state['task_ids'])} tasks then, {len(self.tasks)} now, or in another order)")
-        self.rng.setstate(_tupled(state["rng"]))
-        self.order = [self.tasks[i] for i in state["order"]]
-        self.fresh_seed = state["fresh_seed"]
-
-
-def _jsonable(x):
-    return [_jsonable(v) for v in x] if isinstance(x, tuple) else x
-
-
-def _tupled(x):
-    return tuple(_tupled(v) for v in x) if isinstance(x, list) else x
-
-
-def load_task_sources(cfg: Config, resume: Checkpoint | None = None) -> dict[str, list]:
-    """tasks.heldout and (unless fresh_train) tasks.train, loaded once, before the run folder and
-    Ray exist: a bad path, a malformed file or a missing/wrong benchmark package is reported with
-    its key, not as a traceback mid-start. The RODS pool state: ``rods.resume_from``'s, or the
-    checkpoint's when ``resume``-ing a run."""
-    from agentrl.envs.sources import resolve_task_sources
-    from agentrl.tasks.io import TaskFileError
-
-    keys = ["heldout"] + ([] if cfg.tasks.fresh_train else ["train"])
-    loaded: dict[str, list] = {"train": []}
-    for key in keys:
-        try:
-            tasks = loaded[key] = resolve_task_sources(getattr(cfg.tasks, key))
-        except (TaskFileError, ValueError, RuntimeError) as err:
-            raise SystemExit(f"error: tasks.{key}: {err}") from None
-        n_sgls = sum(t.backend == "sgls" for t in tasks)
-        if n_sgls and cfg.tools.sgls is None:
-            raise SystemExit(f"error: tasks.{key}: {n_sgls} tasks use backend 'sgls' (LLM-simulated tools) but "
-                             "tools.sgls is not set (give it model_path or endpoint)")
-    source = (resume.path / POOL_STATE, "--resume") if resume is not None else (cfg.rods.resume_from, "rods.resume_from")
-    if cfg.rods.enabled and source[0]:
-        try:
-            loaded["rods_state"] = json.loads(Path(source[0]).read_text())
-        except (OSError, ValueError) as err:
-            raise SystemExit(f"error: {source[1]}: cannot read the pool state {source[0]}: {err}") from None
-    return loaded
-
-
-def start_synthesis_actor(cfg: Config, tasks: dict[str, list], heldout: list, renumber: bool = True):
-    """The RODS synthesis actor: its pool replaces the task sampler; seeds = tasks.train, and no
-    synthesized task may repeat a held-out user turn. ``renumber``: a pool state from
-    ``rods.resume_from`` starts a new run (steps from 1); a resumed run's keeps its steps."""
-    from agentrl.runtime.synthesis_actor import SynthesisActor
-
-    heldout_texts = frozenset(turn.user for t in heldout for turn in t.turns)
-    return SynthesisActor.options(num_cpus=cfg.rods.num_cpus, num_gpus=cfg.rods.num_gpus).remote(
-        tasks["train"], cfg.rods, cfg.rollout.tasks_per_step, heldout_texts, cfg.run.seed, cfg.model.dtype,
-        state=tasks.get("rods_state"), resume=renumber)
 
 
 class Trainer:
@@ -179,7 +91,9 @@ class Trainer:
         sync = make_weight_sync(rt.weight_sync, self.learner, self.workers, self.rollout_side.explorers)
         self.scheduler = RolloutScheduler(self._launch_rollouts, sync, cfg.train.async_rollouts,
                                           revive=self.rollout_side.revive, reissue=self.rollout_side.reissue,
-                                          max_lag=cfg.buffer.max_staleness)
+                                          max_lag=cfg.buffer.max_staleness,
+                                          revive_restarted=self.rollout_side.revive_restarted,
+                                          timeout_s=rt.rollout_timeout_s)
         self.metrics = MetricsSink(run_dir, cfg.telemetry, cfg.run.name, resume_after=resume.step if resume else None)
         self.trajectories = Trajectories(run_dir, model_path, cfg.telemetry.trajectories_every)
         self.timeline = Timeline()  # the driver's phase spans; trace.json at shutdown (telemetry.trace)
@@ -231,6 +145,8 @@ class Trainer:
             tasks = ray.get(self.rods.sample.remote(step, cfg.rollout.tasks_per_step))
         else:
             tasks = self.sampler.next(cfg.rollout.tasks_per_step)
+        # a task that killed its rollout worker twice is not rolled out again (RolloutScheduler)
+        tasks = [t for t in tasks if t.id not in self.scheduler.quarantined]
         return self.rollout_side.rollout(tasks, cfg.rollout, cfg.run.seed * 100_003 + step * 101)
 
     def _obtain_rollouts(self, step: int, timings: dict[str, float]) -> tuple[list[GroupSummary], list[GroupRef]]:
@@ -270,10 +186,28 @@ class Trainer:
         learning = self.learner.train.remote(refs) if refs else None
         out_of_time = self.deadline is not None and time.perf_counter() > self.deadline
         self.scheduler.prefetch(step + 1, until=step if last or out_of_time else self.cfg.train.steps)
-        learn = ray.get(learning) if learning is not None else {}
+        learn = self._await_learner(learning, step) if learning is not None else {}
         self.version += 1 if refs else 0
         timings["learn"] = time.perf_counter() - t0
         return learn, bool(refs)
+
+    def _await_learner(self, learning, step: int) -> dict:
+        """The update's metrics; a learner rank lost or an update past ``runtime.learner_timeout_s``
+        ends the run with ``ResumableFailure`` (no state can be saved without the learner)."""
+        timeout = self.cfg.runtime.learner_timeout_s
+        try:
+            return ray.get(learning, timeout=timeout)
+        except ray.exceptions.GetTimeoutError as err:
+            what = f"the learner did not finish step {step}'s update within runtime.learner_timeout_s={timeout:g}s"
+            raise ResumableFailure(what) from err
+        except ray.exceptions.RayActorError as err:
+            what = f"a learner rank died during step {step}'s update ({type(err).__name__})"
+            raise ResumableFailure(what) from err
+        except ray.exceptions.ObjectLostError as err:
+            # the groups are owned by this process and outlive their worker; only the loss of the
+            # node that stores them (its object store) loses them
+            what = f"step {step}'s groups were lost with the node that stored them ({type(err).__name__})"
+            raise ResumableFailure(what) from err
 
     def _sync_weights(self, trained: bool, timings: dict[str, float]) -> None:
         """Phase 4: hand a new policy version to the scheduler: loaded now, or (async mode) after
@@ -392,7 +326,12 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
     except BaseException as err:
         # the run's own error is what propagates; first what can be written is: the metrics so
         # far (closed by shutdown), the evaluations done, the report
-        print(f"error: the run failed: {type(err).__name__}: {err}", flush=True)
+        if isinstance(err, ResumableFailure):
+            again = ("run the same command with --resume auto to continue from the newest complete checkpoint"
+                     if cfg.train.checkpoint_every else "train.checkpoint_every=0: no checkpoint, a rerun starts over")
+            print(f"agentrl: the run stopped: {err}; {again}", flush=True)
+        else:
+            print(f"error: the run failed: {type(err).__name__}: {err}", flush=True)
         _close(trainer, owns_ray, raise_errors=False)
         _write_results(run_dir, trainer.evals, write_report, strict=False, store=store)
         raise

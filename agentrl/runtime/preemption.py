@@ -5,6 +5,10 @@ step in progress, writes a checkpoint and ends the run with ``EXIT_PREEMPTED``, 
 restarts the same command with ``--resume auto`` continues from that step. Nothing is cut off in
 the middle of an update or a checkpoint write; the price is that the grace period between SIGTERM
 and SIGKILL must cover one step plus a checkpoint (docs/operating.md, "Preemption").
+
+A failure that a restart recovers from (a learner rank lost, a hung update or rollout call) ends
+the run the same way, with ``ResumableFailure`` and the same exit status, from the newest
+checkpoint already written (nothing new can be saved without the learner).
 """
 
 from __future__ import annotations
@@ -24,6 +28,12 @@ class Preempted(Exception):
         saved = f"checkpoint-{step} is the newest" if checkpointed else "no step trained yet: nothing to checkpoint"
         super().__init__(f"{signal_name} received: stopped after step {step} ({saved}); "
                          "run the same command with --resume auto to continue")
+
+
+class ResumableFailure(RuntimeError):
+    """A part of the run failed in a way a rerun recovers from (a learner rank died, an update or a
+    rollout call did not return in time): the run stops with ``EXIT_PREEMPTED``, and the same
+    command with ``--resume auto`` continues from the newest complete checkpoint."""
 
 
 class StopOnSignal:
@@ -53,4 +63,4 @@ class StopOnSignal:
             signal.signal(s, handler)
 
 
-__all__ = ["EXIT_PREEMPTED", "Preempted", "StopOnSignal"]
+__all__ = ["EXIT_PREEMPTED", "Preempted", "ResumableFailure", "StopOnSignal"]

@@ -1,15 +1,18 @@
 """RolloutWorker: a Ray actor that owns one vLLM engine and runs many episodes concurrently.
 
 Every episode is an asyncio task; their generation requests meet in vLLM's continuous batcher
-and their tool calls go to the tool pool. Finished groups are put into the object store by
-the worker itself, so only small summaries travel back to the driver; the replay buffer and the
-learner pass the object refs along.
+and their tool calls go to the tool pool. Each finished group is a return object of its own
+(``RolloutCall`` asks for one per task): it stays in the object store, owned by the driver, and
+only the small summaries are fetched there; the replay buffer and the learner pass the refs along.
+Why not ``ray.put`` here: an object is owned by the process that puts it, so a worker that died
+after returning, before the learner fetched its groups, took them along (``OwnerDiedError``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 
@@ -18,7 +21,7 @@ import ray
 from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy
-from agentrl.api import ENV_ERROR, POLICY, EnvError, Episode, EpisodeGroup, Generation, GroupRef, GroupSummary
+from agentrl.api import ENV_ERROR, POLICY, EngineNotStarted, EnvError, Episode, EpisodeGroup, Generation, GroupSummary
 from agentrl.rewards.behaviours import behaviour_counts
 from agentrl.rewards.hierr import HierRWeights
 from agentrl.rewards.scoring import apply_summary, score_episode, seen_context
@@ -56,12 +59,13 @@ def keep_trainable(eps: list[Episode | None]) -> list[Episode]:
     return [e for e in eps if e is not None and e.termination != ENV_ERROR]
 
 
-def dropped_summary(task_id: str, version: int, n: int, policy: str) -> GroupSummary:
+def dropped_summary(task_id: str, version: int, n: int, policy: str, env_reruns: int = 0) -> GroupSummary:
     """The summary of a group whose every episode was dropped (no group is stored)."""
-    return GroupSummary(task_id, version, [], [], {}, 0, 0, 0, 0, 0.0, 0.0, 0.0, policy=policy, env_failures=n)
+    return GroupSummary(task_id, version, [], [], {}, 0, 0, 0, 0, 0.0, 0.0, 0.0, policy=policy, env_failures=n,
+                        env_reruns=env_reruns)
 
 
-def group_summary(group: EpisodeGroup, env_failures: int = 0) -> GroupSummary:
+def group_summary(group: EpisodeGroup, env_failures: int = 0, env_reruns: int = 0) -> GroupSummary:
     eps = group.episodes
     return GroupSummary(
         task_id=group.task_id,
@@ -79,7 +83,20 @@ def group_summary(group: EpisodeGroup, env_failures: int = 0) -> GroupSummary:
         wall_seconds=group.wall_seconds,
         policy=group.policy,
         env_failures=env_failures,
+        env_reruns=env_reruns,
     )
+
+
+def exit_if_engine_dead(err: BaseException, worker_index: int) -> None:
+    """vLLM's engine process died (``EngineDeadError``: a crash, the OOM killer): this actor
+    cannot serve again, so it exits, and Ray restarts it (``runtime.max_actor_restarts``); the
+    scheduler rebuilds its engine and re-issues the call's groups, as for any dead worker."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    if isinstance(err, EngineDeadError):
+        print(f"recovery: rollout worker {worker_index}: its vLLM engine died ({err}); the worker exits to be "
+              "restarted", flush=True)
+        os._exit(1)
 
 
 @ray.remote
@@ -183,41 +200,62 @@ class RolloutWorker:
         return ep
 
     async def rollout(self, tasks: list[Task], group_size: int, temperature: float, top_p: float,
-                      tag: int, mix_keys: list[str] | None = None) -> tuple[list[GroupSummary], list[GroupRef]]:
-        """G episodes per task, all concurrent. Each ``EpisodeGroup`` goes into the object store
-        from here; returns the groups' summaries and refs. ``mix_keys`` (one per task): groups
-        of other workers with the same key are parts of the same group (RSPO's explorer).
-        Episodes whose environment failed are dropped from their group before it is stored and
-        counted in its summary (``env_failures``); a group left empty is not stored at all (its
-        summary, with no episodes, still carries the count)."""
+                      tag: int, mix_keys: list[str] | None = None, env_retries: int = 0) -> tuple:
+        """G episodes per task, all concurrent. Returns ``(summaries, group_1, ..., group_n)``, one
+        ``EpisodeGroup`` (or None) per task, meant to be called with ``num_returns=len(tasks) + 1``
+        (``cluster.RolloutCall``) so that each group is an object of its own, owned by the caller.
+        ``mix_keys`` (one per task): groups of other workers with the same key are parts of the
+        same group (RSPO's explorer). A group whose environment failed (its tool actor died, its
+        simulator timed out) is rolled out again, up to ``env_retries`` times
+        (``runtime.max_actor_restarts``),
+        then its failed episodes are dropped and counted in its summary (``env_failures``); a group
+        left empty is None (its summary, with no episodes, still carries the count)."""
         from agentrl.engines.vllm_engine import SamplingConfig
 
+        if self.engine is None:  # restarted by Ray while idle: the scheduler revives it and re-issues
+            raise EngineNotStarted(f"rollout worker {self.worker_index}: no engine (the actor was restarted)")
         t0 = time.perf_counter()
 
-        async def group(task: Task, mix_key: str) -> tuple[GroupSummary, GroupRef | None]:
+        async def group(task: Task, mix_key: str) -> tuple[GroupSummary, EpisodeGroup | None]:
             gid = f"{task.id}@v{self.version}#{tag}" + ("" if self.role == POLICY else f"/{self.role}")
             version = self.version  # weights never change while a rollout call runs (RolloutScheduler)
-            eps = keep_trainable(await asyncio.gather(
-                *[self._episode(task, SamplingConfig(temperature, top_p), gid) for _ in range(group_size)]
-            ))
+            for attempt in range(env_retries + 1):
+                episodes = await asyncio.gather(
+                    *[self._episode(task, SamplingConfig(temperature, top_p), gid) for _ in range(group_size)])
+                eps = keep_trainable(episodes)
+                if len(eps) == group_size or attempt == env_retries:
+                    break
+                # the whole group again, not only the failed episodes: its advantages compare
+                # episodes of one draw (a restarted tool actor serves the new sessions)
+                print(f"recovery: group {gid}: {group_size - len(eps)} episode(s) lost their environment; "
+                      f"rolling the group out again ({attempt + 1}/{env_retries})", flush=True)
+            reruns = attempt
             if not eps:
-                return dropped_summary(task.id, version, group_size, self.role), None
+                return dropped_summary(task.id, version, group_size, self.role, reruns), None
             # wall_seconds: from the call's start to this group's end (the slowest group = the call's
             # generation time, which the driver cannot see when it overlaps learning)
             g = EpisodeGroup(task.id, gid, version, eps, wall_seconds=time.perf_counter() - t0, policy=self.role,
                              mix_key=mix_key)
-            return group_summary(g, group_size - len(eps)), GroupRef(ray.put(g), g.version, g.task_id)
+            return group_summary(g, group_size - len(eps), reruns), g
 
         keys = mix_keys if mix_keys is not None else [""] * len(tasks)
-        groups = await asyncio.gather(*[group(t, k) for t, k in zip(tasks, keys, strict=True)])
-        return [s for s, _ in groups], [r for _, r in groups if r is not None]
+        try:
+            groups = await asyncio.gather(*[group(t, k) for t, k in zip(tasks, keys, strict=True)])
+        except Exception as err:
+            exit_if_engine_dead(err, self.worker_index)
+            raise
+        return ([s for s, _ in groups], *[g for _, g in groups])
 
     async def evaluate(self, tasks: list[Task], gold: bool = False) -> list[dict]:
         """Greedy decoding (or the gold replay), one episode per task; returns per-task results."""
         from agentrl.engines.vllm_engine import SamplingConfig
 
-        eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature=0.0), f"eval/{t.id}", judge=False, gold=gold)
-                                   for t in tasks])
+        try:
+            eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature=0.0), f"eval/{t.id}", judge=False,
+                                                       gold=gold) for t in tasks])
+        except Exception as err:
+            exit_if_engine_dead(err, self.worker_index)
+            raise
         # an episode that could not open its session is left out (scored episodes that ended
         # with ENV_ERROR stay: a failed evaluation episode, visible in its termination)
         eps, tasks = [e for e in eps if e is not None], [t for e, t in zip(eps, tasks) if e is not None]
@@ -231,7 +269,14 @@ class RolloutWorker:
             for e, t in zip(eps, tasks)
         ]
 
+    def ready(self) -> bool:
+        """Whether the engine is built (False after Ray restarted this actor, until ``start``)."""
+        return self.engine is not None or getattr(self, "formatter", None) is not None
+
     async def load_weights(self, blob: bytes, version: int) -> int:
+        if self.engine is None:
+            raise EngineNotStarted(f"rollout worker {self.worker_index}: no engine to load weights into (the actor "
+                                   "was restarted and not started again)")
         await self.engine.load_weights(blob)
         self.version = version
         return version

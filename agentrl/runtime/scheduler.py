@@ -34,6 +34,14 @@ engines should have into it, before the call's tasks are re-issued to it (``coll
 other call's groups are kept as delivered, so each task of a step is trained once. A worker
 out of restarts raises its ``RayActorError`` and ends the run.
 
+A worker that dies twice with the same task in its calls is taken to be killed by that task.
+After a death, the call's tasks are re-issued **one at a time** (a task alone on the worker):
+a task in two dead calls, the second of them its own, is **quarantined** (left out of this step
+and of every later one, printed and counted in ``recovery/quarantined_tasks``) instead of being
+retried until Ray's restart budget is gone. A call that does not return within
+``runtime.rollout_timeout_s`` is an error naming the worker (a hung engine or tool; the run
+stops, resumable from its last checkpoint).
+
 A checkpoint keeps what ``pending`` returns (the in-flight rollouts' results by step, the version
 due) and a resumed run hands it back to ``restore``, so async mode resumes exactly where it
 stopped; the resumed engines hold unknown weights until their first load, so nothing launches on
@@ -47,11 +55,18 @@ from collections.abc import Callable
 
 import ray
 
+from agentrl.api import EngineNotStarted
+from agentrl.runtime.preemption import ResumableFailure
+
 NO_LOAD_IN_FLIGHT = "never load weights while an episode is in flight"
 
 
+class RolloutTimeout(ResumableFailure):
+    """A rollout call did not return within ``runtime.rollout_timeout_s``."""
+
+
 def collect(calls: list, fetch: Callable, recover: Callable, dead: tuple[type[BaseException], ...]) -> list:
-    """Every call's result, in order. A call whose ``fetch`` raises one of ``dead`` (its worker
+    """Every call's result, in order. A call whose ``fetch(call)`` raises one of ``dead`` (its worker
     died) is replaced by ``recover(call)`` (the same tasks, re-issued) and fetched again; the other
     calls' results are kept. ``calls`` is updated in place, so a caller sees the re-issued calls.
     Each call's ``result`` is kept on it: a call fetched once is never fetched (or re-issued) again."""
@@ -59,11 +74,23 @@ def collect(calls: list, fetch: Callable, recover: Callable, dead: tuple[type[Ba
     for i in range(len(calls)):
         while calls[i].result is None:
             try:
-                calls[i].result = fetch(calls[i].ref)
+                calls[i].result = fetch(calls[i])
             except dead:
                 calls[i] = recover(calls[i])
         out.append(calls[i].result)
     return out
+
+
+def task_key(task) -> str:
+    """The id a task is blamed and quarantined by."""
+    return getattr(task, "id", task)
+
+
+def _actor_id(handle) -> str:
+    try:
+        return handle._actor_id.hex()[:12]
+    except AttributeError:
+        return str(handle)
 
 
 class Finished:
@@ -88,16 +115,21 @@ class RolloutScheduler:
     """
 
     def __init__(self, launch: Callable[[int], list], weight_sync, async_rollouts: bool,
-                 revive: Callable | None = None, reissue: Callable | None = None, max_lag: int = 1):
+                 revive: Callable | None = None, reissue: Callable | None = None, max_lag: int = 1,
+                 revive_restarted: Callable[[], int] | None = None, timeout_s: float | None = None):
         self._launch = launch
         self._weight_sync = weight_sync
         self.async_rollouts = async_rollouts
         self.max_lag = max_lag
         self._revive, self._reissue = revive, reissue
+        self._revive_restarted = revive_restarted  # workers restarted while idle (cluster.RolloutSide)
+        self.timeout_s = timeout_s  # runtime.rollout_timeout_s
+        self.deaths: Counter = Counter()  # task id -> dead calls it was in
+        self.quarantined: set[str] = set()  # task ids never launched again
         self.ahead: dict[int, list] = {}  # step -> its rollout calls, launched and not yet taken
         self._due: int | None = None  # a learner version the engines have not loaded yet
         self.version: int | None = 0  # the version the engines hold (None: unknown, load before launching)
-        self.recoveries: Counter = Counter()  # worker_restarts, reissued_groups (``pop_recoveries``)
+        self.recoveries: Counter = Counter()  # worker_restarts, reissued_groups, quarantined_tasks
 
     @property
     def in_flight(self) -> list:
@@ -183,38 +215,79 @@ class RolloutScheduler:
         return not_ready
 
     def pop_recoveries(self) -> dict[str, float]:
-        """``recovery/worker_restarts`` and ``recovery/reissued_groups`` since the last call."""
-        out = {f"recovery/{k}": float(self.recoveries[k]) for k in ("worker_restarts", "reissued_groups")}
+        """``recovery/worker_restarts``, ``recovery/reissued_groups`` and
+        ``recovery/quarantined_tasks`` since the last call."""
+        out = {f"recovery/{k}": float(self.recoveries[k]) for k in ("worker_restarts", "reissued_groups", "quarantined_tasks")}
         self.recoveries.clear()
         return out
+
+    def _fetch(self, call):
+        """A call's result, or a ``RolloutTimeout`` that names its worker."""
+        try:
+            return call.fetch(self.timeout_s)
+        except ray.exceptions.GetTimeoutError as err:
+            raise RolloutTimeout(f"rollout worker {call.worker_index} ({call.role}, actor {_actor_id(call.worker)}) did "
+                                 f"not return its {len(call.tasks)} group(s) within runtime.rollout_timeout_s="
+                                 f"{self.timeout_s:g}s (a hung engine or in-process tool call)") from err
 
     def _collect(self, calls: list, reissue: bool = True) -> list:
         """The calls' results; a dead worker's call is recovered (``_recover``)."""
         if self._revive is None:  # nothing can be revived: a dead worker's error propagates
-            return collect(calls, ray.get, lambda c: c, ())
-        return collect(calls, ray.get, lambda c: self._recover(c, reissue), (ray.exceptions.RayActorError,))
+            return collect(calls, self._fetch, lambda c: c, ())
+        return collect(calls, self._fetch, lambda c: self._recover(c, reissue), (ray.exceptions.RayActorError, EngineNotStarted))
 
-    def _recover(self, call, reissue: bool = True):
-        """A dead worker: restarted, its engine rebuilt and given the weights the engines should
-        have; then its call's tasks re-issued (or, ``reissue=False``, the call marked done empty)."""
-        n = len(call.tasks)
-        print(f"recovery: rollout worker {call.worker_index} died with {n} group(s) undelivered; "
+    def _restart(self, call) -> None:
+        """A dead worker back: restarted by Ray, its engine rebuilt, the weights the engines should have loaded."""
+        print(f"recovery: rollout worker {call.worker_index} died with {len(call.tasks)} group(s) undelivered; "
               f"waiting for its restart", flush=True)
         seconds = self._revive(call.worker)
         version = self._due if self._due is not None else self.version  # the learner's weights
         self._weight_sync.load_into(call.worker, call.role, version)
         self.recoveries["worker_restarts"] += 1
+        print(f"recovery: rollout worker {call.worker_index} back ({seconds:.0f}s, weights v{version})", flush=True)
+
+    def _recover(self, call, reissue: bool = True):
+        """A dead worker restarted (``_restart``); then its call's tasks re-issued one at a time
+        (``_alone``), each blamed once for the death; or, ``reissue=False``, the call marked done empty."""
+        self._restart(call)
         if not reissue:
-            call.result = ([], [])
+            call.result = call.merge([])
             return call
-        self.recoveries["reissued_groups"] += n
-        print(f"recovery: rollout worker {call.worker_index} back ({seconds:.0f}s, weights v{version}); "
-              f"re-issued its {n} group(s)", flush=True)
-        return self._reissue(call)
+        self.recoveries["reissued_groups"] += len(call.tasks)
+        for task in call.tasks:
+            self.deaths[task_key(task)] += 1
+        return Finished(call.merge([self._alone(call.part(i)) for i in range(len(call.tasks))]))
+
+    def _alone(self, part):
+        """A one-task call run by itself until it returns; a task that kills its worker while it
+        runs alone (its second death) is quarantined and returns nothing."""
+        key = task_key(part.tasks[0])
+        while key not in self.quarantined:
+            if self.deaths[key] >= 2:
+                self.quarantined.add(key)
+                self.recoveries["quarantined_tasks"] += 1
+                print(f"recovery: task {key} quarantined: it was in {self.deaths[key]} calls whose rollout worker died, "
+                      "the last time alone; it is not rolled out again in this run", flush=True)
+                break
+            try:
+                return self._fetch(self._reissue(part))
+            except (ray.exceptions.RayActorError, EngineNotStarted):
+                self.deaths[key] += 1
+                self._restart(part)
+        return part.merge([])
 
     def _load_weights(self, version: int) -> None:
         running = self.running()
         if running:
             raise RuntimeError(f"{NO_LOAD_IN_FLIGHT}: {len(running)} rollout call(s) still running")
-        self._weight_sync.sync(version)
+        try:
+            self._weight_sync.sync(version)
+        except (ray.exceptions.RayActorError, EngineNotStarted):
+            if self._revive_restarted is None:
+                raise
+            # a worker died between calls (no call of its was pending): Ray restarted it without
+            # an engine. Rebuild it, then load into every worker again.
+            self.recoveries["worker_restarts"] += self._revive_restarted()
+            self._weight_sync.sync(version)
         self.version = version
+

@@ -16,6 +16,7 @@ run's one SGLS server, whose cache must be shared by every episode of the cluste
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from typing import Any
 
@@ -64,31 +65,51 @@ class ToolBackendActor:
         return {"open_sessions": len(self.sessions), "opened": self.opened, "calls": self.calls}
 
 
-async def _remote(ref):
-    """Await a tool-actor call; the actor's death is the environment's failure (``EnvError``)."""
-    try:
+async def _remote(ref, actor=None, what: str = "call", timeout_s: float | None = None):
+    """Await a tool-actor call; the actor's death, or no answer within ``timeout_s``
+    (``runtime.tool_call_timeout_s``), is the environment's failure (``EnvError``, naming the actor)."""
+
+    async def answer():
         return await ref
+
+    try:
+        return await asyncio.wait_for(answer(), timeout_s)
     except ray.exceptions.RayActorError as err:
-        raise EnvError(f"tool actor died: {type(err).__name__}: {err}") from err
+        raise EnvError(f"tool actor {_name(actor)} died: {type(err).__name__}: {err}") from err
+    except asyncio.TimeoutError as err:
+        raise EnvError(f"tool actor {_name(actor)} did not answer {what} within runtime.tool_call_timeout_s="
+                       f"{timeout_s:g}s") from err
+
+
+def _name(actor) -> str:
+    """The actor's class and id, as the Ray dashboard lists it."""
+    try:
+        return f"{actor._ray_actor_creation_function_descriptor.class_name}({actor._actor_id.hex()[:12]})"
+    except AttributeError:
+        return repr(actor)
 
 
 class RemoteEnvSession:
     """``agentrl.agent.episode.EnvSession`` backed by a tool-pool actor. When the actor dies (or
-    Ray restarted it, losing the session), calls raise ``EnvError``."""
+    Ray restarted it, losing the session) or a call takes longer than ``timeout_s``, calls raise
+    ``EnvError``."""
 
-    def __init__(self, actor, session_id: str):
+    def __init__(self, actor, session_id: str, timeout_s: float | None = None):
         self.actor = actor
         self.session_id = session_id
+        self.timeout_s = timeout_s
 
     async def execute(self, calls: list[ToolCall]) -> list[Any]:
-        return await _remote(self.actor.execute.remote(self.session_id, calls))
+        what = f"{', '.join(c.name for c in calls)} (session {self.session_id})"
+        return await _remote(self.actor.execute.remote(self.session_id, calls), self.actor, what, self.timeout_s)
 
     async def end_turn(self, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
-        return await _remote(self.actor.end_turn.remote(self.session_id, turn_index, results))
+        return await _remote(self.actor.end_turn.remote(self.session_id, turn_index, results), self.actor,
+                             f"the end-of-turn check (session {self.session_id})", self.timeout_s)
 
     async def close(self) -> None:
         try:
-            await _remote(self.actor.close.remote(self.session_id))
+            await _remote(self.actor.close.remote(self.session_id), self.actor, "close", self.timeout_s)
         except EnvError:
             pass  # the actor died: nothing left to free
 
@@ -102,25 +123,29 @@ class ToolPool:
     """Opens sessions in process or on the actors; a plain object, so it travels to the
     rollout workers inside their constructor arguments."""
 
-    def __init__(self, actors: list, placement: str = "in_process"):
+    def __init__(self, actors: list, placement: str = "in_process", call_timeout_s: float | None = None):
         if placement not in PLACEMENTS:
             raise ValueError(f"tools.placement must be one of {PLACEMENTS}, got {placement!r}")
         if placement == "pool" and not actors:
             raise ValueError("the tool pool needs at least one actor")
         self.actors, self.placement = actors, placement
+        # runtime.tool_call_timeout_s, for the actors' sessions (an in-process tool that hangs holds
+        # its rollout worker: runtime.rollout_timeout_s catches that)
+        self.call_timeout_s = call_timeout_s
 
     @classmethod
     def create(cls, num_actors: int, num_cpus: float, max_concurrency: int, sgls_server=None, sgls_cfg=None,
-               placement: str = "in_process", max_restarts: int = 0) -> "ToolPool":
+               placement: str = "in_process", max_restarts: int = 0, call_timeout_s: float | None = None) -> "ToolPool":
         """Start the actors only when something will run on them (placement ``pool``, or an SGLS
         server to reach): idle actors would still cost a process each. ``max_restarts``: Ray
-        restarts a dead actor (its sessions are lost: their episodes end with ``ENV_ERROR``)."""
+        restarts a dead actor (its sessions are lost: their episodes end with ``ENV_ERROR`` and
+        their groups are rolled out again)."""
         if placement == "in_process" and sgls_server is None:
-            return cls([], placement)
+            return cls([], placement, call_timeout_s)
         seed = sgls_cfg.seed if sgls_cfg is not None else None
         timeout = sgls_cfg.request_timeout_s if sgls_cfg is not None else 300.0
         actor = ToolBackendActor.options(num_cpus=num_cpus, max_concurrency=max_concurrency, max_restarts=max_restarts)
-        return cls([actor.remote(sgls_server, seed, timeout) for _ in range(num_actors)], placement)
+        return cls([actor.remote(sgls_server, seed, timeout) for _ in range(num_actors)], placement, call_timeout_s)
 
     def in_process(self, task: Task) -> bool:
         return self.placement == "in_process" and task.backend not in REMOTE_BACKENDS
@@ -131,8 +156,8 @@ class ToolPool:
         if not self.actors:  # in_process without tools.sgls: no actor was started
             raise ValueError(f"task {task.id!r}: backend {task.backend!r} needs tools.sgls, which is not configured")
         actor = self.actors[zlib.crc32(session_id.encode()) % len(self.actors)]
-        await _remote(actor.open.remote(session_id, task))
-        return RemoteEnvSession(actor, session_id)
+        await _remote(actor.open.remote(session_id, task), actor, f"open (session {session_id})", self.call_timeout_s)
+        return RemoteEnvSession(actor, session_id, self.call_timeout_s)
 
 
 def start_sgls_server(cfg, dtype: str = "float32", max_restarts: int = 0):

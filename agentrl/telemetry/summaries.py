@@ -38,10 +38,12 @@ def step_metrics(summaries: list[GroupSummary], timings: Mapping[str, float], le
     ``timings``: seconds per phase, keys ``STEP_TIMINGS`` (``rollout_wait``: generation time not
     hidden behind learning). ``learn``: the learner's metrics ({} when nothing was trained).
     ``version``: the learner's policy version after this step's update. Episodes dropped because
-    their environment failed are counted (``train/env_failures``, ``recovery/dropped_episodes``)
-    and are in no other number; a group they emptied is left out.
+    their environment failed (after ``recovery/env_reruns`` of their group) are counted
+    (``train/env_failures``, ``recovery/dropped_episodes``) and are in no other number; a group
+    they emptied is left out.
     """
     failures = float(sum(s.env_failures for s in summaries))
+    reruns = float(sum(s.env_reruns for s in summaries))
     summaries = [s for s in summaries if s.outcome]
     outcomes = [o for s in summaries for o in s.outcome]
     progress = [p for s in summaries for p in s.progress]
@@ -60,6 +62,8 @@ def step_metrics(summaries: list[GroupSummary], timings: Mapping[str, float], le
         "train/episodes": float(len(outcomes)),
         "train/env_failures": failures,
         "recovery/dropped_episodes": failures,
+        # groups rolled out again because an environment failed (a tool actor died): nothing dropped
+        "recovery/env_reruns": reruns,
         "train/policy_tokens": float(tokens),
         "perf/tokens_per_s": tokens / max(t_gen, 1e-9),
         "train/calls_per_episode": calls / n,
