@@ -16,11 +16,21 @@ SmolLM2's and Qwen2.5's ChatML.
 
 Convention: the model stops AT its end-of-message token (``<|im_end|>`` for ChatML). Whatever the
 template writes after that token (ChatML writes ``\\n``) is part of the next delta.
+
+The formatter also carries the rest of ``agent:`` (``formatter_for``): the tool-call format the
+episode loop parses and the gold replay writes (``agent.tool_format``), a system prompt for every
+episode (``agent.system_prompt``) and a replacement chat template (``agent.chat_template``).
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
+
+from agentrl.agent.parser import ParsedMessage
+from agentrl.agent.tool_formats import ToolFormat, get_format
+from agentrl.tasks.schema import ToolCall
 
 END_OF_MESSAGE_CANDIDATES = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
@@ -30,6 +40,27 @@ def _tool_dict(tool: Any) -> dict:
     if hasattr(tool, "model_dump"):
         return tool.model_dump(exclude_none=True)
     return tool
+
+
+def load_chat_template(value: str) -> str:
+    """``agent.chat_template``: the text of a template file, or the value itself when it is
+    template text. Template text is told apart by its Jinja tags (``{{`` / ``{%``): a template
+    without any would render the same text for every conversation, so such a value is a path, and
+    one that does not exist is a ValueError (not silently used as a constant template)."""
+    if "{{" in value or "{%" in value:
+        return value
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise ValueError(f"agent.chat_template: no template file at {value!r} (and the value has no Jinja tags)")
+    return path.read_text()
+
+
+def _call_from_message(tc: Any) -> ToolCall:
+    """An OpenAI ``tool_calls`` entry (``{"function": {"name", "arguments"}}``, arguments a dict or
+    a JSON string) or a bare ``{"name", "arguments"}`` as a ToolCall."""
+    fn = tc.get("function", tc) if isinstance(tc, dict) else tc
+    args = fn.get("arguments") or {}
+    return ToolCall(name=fn["name"], arguments=json.loads(args) if isinstance(args, str) else args)
 
 
 class ChatFormatter:
@@ -42,7 +73,11 @@ class ChatFormatter:
         {"role": "assistant", "content": "x"},
     ]
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, tool_format: str | ToolFormat = "hermes", system_prompt: str | None = None):
+        """``tool_format``: how calls are written and parsed (``agentrl.agent.tool_formats``);
+        ``system_prompt``: the system message of every prompt that is given none."""
+        self.tool_format: ToolFormat = get_format(tool_format)
+        self.system_prompt = system_prompt
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("tokenizer has no chat_template; set one (e.g. agentrl.agent.chat_template.CHAT_TEMPLATE)")
         self.tokenizer = tokenizer
@@ -59,6 +94,10 @@ class ChatFormatter:
         ids = [self.end_token_id]
         if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
             ids.append(int(tokenizer.eos_token_id))
+        # Llama 3.x ends a message that awaits a tool result with <|eom_id|> (after a
+        # <|python_tag|> call, agent.tool_format=llama3_json) rather than <|eot_id|>
+        if "<|eom_id|>" in vocab and vocab["<|eom_id|>"] not in ids:
+            ids.append(vocab["<|eom_id|>"])
         self.eos_token_ids: list[int] = ids
         """Ids that end an assistant message (stop ids for generation), end_token_id first."""
         self._dummy = self._pick_dummy()
@@ -70,13 +109,32 @@ class ChatFormatter:
 
     # --- rendering -------------------------------------------------------------------------
     def render(self, messages: list[dict], tools: list | None = None, add_generation_prompt: bool = False) -> str:
-        """The template's text for a conversation (no tokenization)."""
+        """The template's text for a conversation (no tokenization).
+
+        With a tool format other than hermes, an assistant message's ``tool_calls`` are written
+        into its content by that format before the template sees it: templates render
+        ``tool_calls`` in their own family's layout (ours: hermes blocks) or not at all, and the
+        text must be what the episode loop parses. Hermes messages go to the template untouched."""
+        if self.tool_format.name != "hermes":
+            messages = [self._calls_as_text(m) for m in messages]
         return self.tokenizer.apply_chat_template(
             messages,
             tools=[_tool_dict(t) for t in tools] if tools else None,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
         )
+
+    def _calls_as_text(self, message: dict) -> dict:
+        if message.get("role") != "assistant" or not message.get("tool_calls"):
+            return message
+        content = message.get("content") if isinstance(message.get("content"), str) else ""
+        calls = [_call_from_message(tc) for tc in message["tool_calls"]]
+        rest = {k: v for k, v in message.items() if k != "tool_calls"}
+        return {**rest, "content": self.tool_format.render_message(content, calls)}
+
+    def parse(self, text: str, known_tools: set[str] | None = None) -> ParsedMessage:
+        """An assistant message's calls in this formatter's tool format."""
+        return self.tool_format.parse(text, known_tools)
 
     def encode(self, text: str) -> list[int]:
         """Tokenize text as a chat template would (special-token strings map to their ids, no
@@ -85,7 +143,10 @@ class ChatFormatter:
 
     # --- the three pieces of an episode ----------------------------------------------------
     def prompt_ids(self, system_or_none: str | None, tools: list, first_user: str) -> list[int]:
-        """Ids of [system?, user] with tools, ending with the generation prompt."""
+        """Ids of [system?, user] with tools, ending with the generation prompt. No system text
+        given: the formatter's ``system_prompt`` (``agent.system_prompt``), if any."""
+        if system_or_none is None:
+            system_or_none = self.system_prompt
         msgs = [] if system_or_none is None else [{"role": "system", "content": system_or_none}]
         msgs.append({"role": "user", "content": first_user})
         return self.encode(self.render(msgs, tools=tools, add_generation_prompt=True))
@@ -122,3 +183,22 @@ class ChatFormatter:
             return list(self._DUMMY)
         except Exception:
             return list(self._DUMMY[1:])
+
+
+def formatter_for(tokenizer: Any, agent_cfg: Any = None) -> ChatFormatter:
+    """The formatter of a run: ``tokenizer`` with the ``agent:`` section applied (``AgentConfig``;
+    None = its defaults). ``agent.chat_template`` replaces the tokenizer's template (in place)."""
+    if agent_cfg is None:  # the defaults (agent imports no config: the layer order)
+        return ChatFormatter(tokenizer)
+    if agent_cfg.chat_template is not None:
+        tokenizer.chat_template = load_chat_template(agent_cfg.chat_template)
+    return ChatFormatter(tokenizer, tool_format=agent_cfg.tool_format, system_prompt=agent_cfg.system_prompt)
+
+
+def with_template_text(agent_cfg: Any) -> Any:
+    """``agent_cfg`` with ``chat_template`` read into text, so that a relative path is resolved
+    where the config was loaded (the driver), not in a Ray worker's working directory, and a
+    missing file fails before any worker starts."""
+    if agent_cfg is None or agent_cfg.chat_template is None:
+        return agent_cfg
+    return agent_cfg.model_copy(update={"chat_template": load_chat_template(agent_cfg.chat_template)})

@@ -20,7 +20,8 @@ the hermes parser (``agentrl.agent.parser``) and vLLM's ``hermes`` tool parser a
 
 * assistant ``tool_calls`` (OpenAI message format) render exactly like
   ``parser.format_tool_calls``: content, then ``\\n`` + one Hermes block per call (no leading
-  newline when content is empty);
+  newline when content is empty). With another ``agent.tool_format`` the template never sees
+  ``tool_calls``: ``ChatFormatter.render`` writes them into the content in that format first;
 * consecutive ``tool`` messages are grouped into ONE user block, each wrapped in
   ``\\n<tool_response>\\n{content}\\n</tool_response>``;
 * ``add_generation_prompt`` appends ``<|im_start|>assistant\\n``.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentrl.agent.chat import ChatFormatter
-from agentrl.agent.parser import ParsedMessage, parse_assistant
+from agentrl.agent.parser import ParsedMessage
 from agentrl.api import ENV_ERROR, EnvError, Episode, Generation
 from agentrl.tasks.schema import Task, ToolCall
 
@@ -98,7 +98,10 @@ async def run_episode(
     system_prompt: str | None = None,
 ) -> Episode:
     """Roll out ``task`` turn by turn; never raises on anything the model writes. An ``EnvError``
-    from ``env`` (its tool actor or simulator died) ends the episode with ``ENV_ERROR``."""
+    from ``env`` (its tool actor or simulator died) ends the episode with ``ENV_ERROR``.
+
+    ``formatter`` decides the text conventions: its tool format parses the calls, and its
+    ``system_prompt`` is used when ``system_prompt`` is None (``ChatFormatter.prompt_ids``)."""
     stream = _Stream(formatter.prompt_ids(system_prompt, task.visible_tools(0), task.turns[0].user))
     prompt_len = len(stream.ids)
     passed: list[bool] = []
@@ -131,7 +134,8 @@ async def run_episode(
             gen_s += time.perf_counter() - t0
             ended = gen.finish_reason == "stop" and gen.token_ids and gen.token_ids[-1] in formatter.eos_token_ids
             body = gen.token_ids[:-1] if ended else gen.token_ids
-            parsed: ParsedMessage = parse_assistant(formatter.tokenizer.decode(body), known_tools=known)
+            # in the formatter's tool format (agent.tool_format; hermes: parser.parse_assistant)
+            parsed: ParsedMessage = formatter.parse(formatter.tokenizer.decode(body), known_tools=known)
             # Summary = a message that closes the turn without a call. A message cut off by the
             # token budget closes nothing, so it is tool segment even before any call tag.
             segment = SEG_SUMMARY if ended and not parsed.has_call_attempt else SEG_TOOL

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.episode import Generation, observation_text, tool_announcement
-from agentrl.agent.parser import format_tool_calls
+from agentrl.agent.tool_formats import ToolFormat, get_format
 from agentrl.envs.registry import make_backend
 from agentrl.tasks.schema import Task, Turn
 
@@ -26,8 +26,10 @@ def gold_answer(turn: Turn) -> str:
     return "Done."
 
 
-def gold_messages(task: Task) -> list[dict]:
-    """The whole gold conversation (user, assistant, tool messages), executed on a fresh backend."""
+def gold_messages(task: Task, tool_format: str | ToolFormat = "hermes") -> list[dict]:
+    """The whole gold conversation (user, assistant, tool messages), executed on a fresh backend;
+    calls written as text in ``tool_format`` (``agent.tool_format``)."""
+    render = get_format(tool_format).render
     backend = make_backend(task)
     messages: list[dict] = []
     for u, turn in enumerate(task.turns):
@@ -38,24 +40,26 @@ def gold_messages(task: Task) -> list[dict]:
                 text = tool_announcement(restored) + text
         messages.append({"role": "user", "content": text})
         for step in turn.gold:
-            messages.append({"role": "assistant", "content": format_tool_calls(step)})
+            messages.append({"role": "assistant", "content": render(step)})
             for call in step:
                 messages.append({"role": "tool", "content": observation_text(backend.execute(call))})
         messages.append({"role": "assistant", "content": gold_answer(turn)})
     return messages
 
 
-def gold_assistant_texts(task: Task) -> list[str]:
+def gold_assistant_texts(task: Task, tool_format: str | ToolFormat = "hermes") -> list[str]:
     """The gold conversation's assistant messages only. They depend on the plan alone, not on
     tool results, so no backend runs (an LLM-simulated backend may not even be reachable here)."""
-    return [text for turn in task.turns for text in [*(format_tool_calls(step) for step in turn.gold), gold_answer(turn)]]
+    render = get_format(tool_format).render
+    return [text for turn in task.turns for text in [*(render(step) for step in turn.gold), gold_answer(turn)]]
 
 
 class GoldPolicy:
-    """A scripted policy that replays a task's gold assistant messages through the episode loop."""
+    """A scripted policy that replays a task's gold assistant messages through the episode loop,
+    calls written in the formatter's tool format (the one the loop parses)."""
 
     def __init__(self, task: Task, formatter: ChatFormatter):
-        self._texts = gold_assistant_texts(task)
+        self._texts = gold_assistant_texts(task, formatter.tool_format)
         self._formatter = formatter
         self._next = 0
 

@@ -19,6 +19,9 @@ Block boundaries follow vLLM's hermes parser (``<tool_call>(.*?)</tool_call>|<to
 a block runs from an opening tag to the *first* closing tag after it; an opening tag with no
 closing tag swallows the rest of the text and is reported as unclosed. A stray ``</tool_call>``
 with no opening tag stays in ``content``.
+
+This is the default ``agent.tool_format``; the other formats (``llama3_json``, ``pythonic``) live in
+``agentrl.agent.tool_formats`` and return the same ``ParsedMessage``.
 """
 
 from __future__ import annotations
@@ -92,12 +95,20 @@ def _parse_block(body: str, known_tools: set[str] | None) -> tuple[ToolCall | No
         return None, f"invalid JSON ({type(exc).__name__}): {_short(body)!r}"
     if not isinstance(obj, dict):
         return None, f"call must be a JSON object, got {type(obj).__name__}"
-    name = obj.get("name")
+    return checked_call(obj.get("name"), obj.get("arguments", {}), known_tools)
+
+
+def checked_call(name: Any, args: Any, known_tools: set[str] | None,
+                 args_key: str = "arguments") -> tuple[ToolCall | None, str | None]:
+    """A decoded call's name and arguments as a ``ToolCall``, or the reason it is malformed.
+
+    Shared by every tool-call format (``agentrl.agent.tool_formats``) so that a bad name, bad
+    arguments or an unknown tool read the same, whatever the syntax. ``args_key``: what the format
+    calls the arguments, for the message. Never raises."""
     if not isinstance(name, str) or not name.strip():
         return None, "missing or non-string 'name'" if not isinstance(name, str) else "empty 'name'"
-    args: Any = obj.get("arguments", {})
     if not isinstance(args, dict):
-        return None, f"'arguments' of {name!r} must be a JSON object, got {type(args).__name__}"
+        return None, f"'{args_key}' of {name!r} must be a JSON object, got {type(args).__name__}"
     if known_tools is not None and name not in known_tools:
         return None, f"unknown tool {name!r}"
     try:

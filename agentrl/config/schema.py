@@ -34,6 +34,7 @@ from agentrl.config.types import (
     PosInt,
     Section,
 )
+from agentrl.rewards import registry as reward_registry  # envs.plugins / rewards.plugins (and the task-file reward check)
 
 # Advantage estimators: names, descriptions and prerequisites come from the estimator registry
 # (agentrl/algos/registry.py, built-ins in agentrl/algos/estimators.py; torch-free, like this
@@ -73,6 +74,29 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # Low-rank adapters instead of full fine-tuning (model.lora.rank > 0).
     lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class AgentConfig(Section):
+    # How the policy writes tool calls (the format its model family was tuned on): "hermes"
+    # (<tool_call>{"name", "arguments"}</tool_call>: Qwen2.5/3, Hermes, SmolLM2), "llama3_json" (a bare
+    # {"name", "parameters"} object: Llama 3.1/3.3), "pythonic" ([f(a=1), g(b="x")]: Llama 3.2/4).
+    # The episode loop parses it; the gold replay and SFT data write it (agentrl/agent/tool_formats.py).
+    tool_format: Literal["hermes", "llama3_json", "pythonic"] = "hermes"
+    # Jinja chat template that renders episodes: a path to a template file (relative to the directory
+    # the run starts in), or the template text itself (told apart by its {{ or {% tags); null = the
+    # model's own (its tokenizer's chat_template).
+    chat_template: NonEmptyStr | None = None
+    # System prompt of every episode, before the tool list the template adds; null = none of ours (a
+    # template may still add its default one, as SmolLM2's and Qwen2.5's do).
+    system_prompt: str | None = None
+
+
+class EnvsConfig(Section):
+    # Environment plugins: Python modules (dotted names) or .py file paths (made absolute) whose import
+    # registers tool backends and their reward functions (agentrl.envs.registry.register_backend,
+    # docs/own_tools.md). Imported when the config is validated and in every process that runs or
+    # scores episodes, so they must exist wherever those run.
+    plugins: Annotated[list[NonEmptyStr], reward_registry.AS_PLUGINS] = Field(default_factory=reward_registry.PluginList)
 
 
 class TasksConfig(Section):
@@ -224,6 +248,10 @@ class RewardsConfig(Section):
     judge: EndpointConfig | None = None
     # HierR process-reward weights.
     hierr: HierRConfig = Field(default_factory=HierRConfig)
+    # Reward plugins: Python modules (dotted names) or .py file paths (made absolute) whose import
+    # registers reward functions (agentrl.rewards.registry.register_reward) that tasks name in their
+    # `reward` field (docs/own_tools.md); imported like envs.plugins.
+    plugins: Annotated[list[NonEmptyStr], reward_registry.AS_PLUGINS] = Field(default_factory=reward_registry.PluginList)
 
     @model_validator(mode="after")
     def _judge_configured(self) -> "RewardsConfig":
@@ -300,6 +328,8 @@ class Config(Section):
 
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    envs: EnvsConfig = Field(default_factory=EnvsConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)

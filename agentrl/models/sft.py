@@ -20,9 +20,11 @@ from agentrl.envs.session import LocalEnvSession
 from agentrl.tasks.schema import Task
 
 
-def conversation_text(task: Task, renderer) -> str:
+def conversation_text(task: Task, renderer, tool_format: str = "hermes") -> str:
+    """The gold conversation as text (the tokenizer's training corpus), calls in ``tool_format``.
+    (``sft_sequences`` needs no format: its formatter carries one.)"""
     tools = [t.model_dump() for t in task.visible_tools(0)]
-    return renderer.apply_chat_template(gold_messages(task), tools=tools, tokenize=False)
+    return renderer.apply_chat_template(gold_messages(task, tool_format), tools=tools, tokenize=False)
 
 
 def sft_sequences(tasks: list[Task], formatter: ChatFormatter, max_tokens: int, habits: Habits | None = None,

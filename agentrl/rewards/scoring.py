@@ -4,6 +4,13 @@
 with each component logged as ``process/<name>``; ``summary`` is R_sum (the rule scorer or an LLM
 judge), replaced by the omission penalty when the model answered a turn that needed a call
 without making one. Keys are flat floats so they can be averaged per step by telemetry.
+
+A task scored by a reward function (``task.reward`` or its backend's default,
+agentrl/rewards/registry.py) gets ``outcome`` from it and ``progress`` = ``process`` = its process
+score (the outcome when it gives none). Every episode still carries the same keys, because
+telemetry averages each key over all groups of a step and a run may mix both kinds of task: the
+HierR components that compare against a gold plan are set to that process score, ``format``
+is measured as usual, and ``omission`` is 0 (no gold plan says a call was needed).
 """
 
 from __future__ import annotations
@@ -11,8 +18,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentrl.rewards.hierr import HierRWeights, process_components, process_reward
+from agentrl.rewards.hierr import COMPONENTS, HierRWeights, process_components, process_reward
 from agentrl.rewards.outcome import outcome_reward, progress_reward
+from agentrl.rewards.registry import reward_name, run_reward
 from agentrl.rewards.summary import OMISSION_REWARD, episode_summary_reward, is_omission
 from agentrl.tasks.schema import Task
 
@@ -44,8 +52,31 @@ def score_episode(ep: Any, task: Task, summary: str = "rule", summary_max_chars:
     """Fill ``ep.rewards`` (an ``agent.episode.Episode``) and return it.
 
     ``summary`` is "rule" or "none" here; "judge" scores are filled in by the caller (it needs an
-    endpoint), which then calls ``apply_summary``.
+    endpoint), which then calls ``apply_summary``. A task scored by a reward function is
+    dispatched to it (module docstring).
     """
+    r = ep.rewards
+    name = reward_name(task)
+    if name is not None:
+        _score_by_function(ep, task, name)
+    else:
+        _score_by_checks(ep, task, weights)
+    if summary == "rule":
+        facts = [list(t.answer_facts) for t in task.turns]
+        apply_summary(ep, episode_summary_reward(ep.answers, facts, seen_context(task, ep.calls), ep.n_turns, summary_max_chars))
+    return r
+
+
+def _score_by_function(ep: Any, task: Task, name: str) -> None:
+    outcome, process = run_reward(name, ep, task)
+    r = ep.rewards
+    r["outcome"], r["progress"], r["process"] = outcome, process, process
+    fmt = ep.n_valid_calls / ep.n_call_blocks if ep.n_call_blocks else 1.0  # no calls, no malformed ones
+    r.update({f"process/{k}": (fmt if k == "format" else process) for k in COMPONENTS})
+    r["omission"] = 0.0
+
+
+def _score_by_checks(ep: Any, task: Task, weights: HierRWeights) -> None:
     r = ep.rewards
     r["outcome"] = outcome_reward(ep.turn_passed, ep.n_turns)
     r["progress"] = progress_reward(ep.turn_passed, ep.n_turns)
@@ -57,10 +88,6 @@ def score_episode(ep: Any, task: Task, summary: str = "rule", summary_max_chars:
     # answer (e.g. mid-call) is not an omission. Answered turns are a prefix of the turns reached.
     answered = sum(1 for a in ep.answers if a is not None)
     r["omission"] = float(is_omission(pred[:answered], gold[:answered]))
-    if summary == "rule":
-        facts = [list(t.answer_facts) for t in task.turns]
-        apply_summary(ep, episode_summary_reward(ep.answers, facts, seen_context(task, ep.calls), ep.n_turns, summary_max_chars))
-    return r
 
 
 def apply_summary(ep: Any, score: float) -> None:

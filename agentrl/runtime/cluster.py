@@ -22,6 +22,7 @@ import ray
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from agentrl.agent.chat import with_template_text
 from agentrl.api import EXPLORER, POLICY, GroupRef, GroupSummary
 from agentrl.config import Config
 from agentrl.config.schema import explorer_group_size
@@ -155,7 +156,7 @@ class RolloutSide:
         sgls = start_sgls_server(cfg, cfg.model.dtype, max_restarts=rt.max_actor_restarts)
         pool = ToolPool.create(cfg.tools.num_actors, rt.tool_actor_cpus, cfg.tools.max_concurrency, sgls,
                                cfg.tools.sgls, placement=cfg.tools.placement, max_restarts=rt.max_actor_restarts,
-                               call_timeout_s=rt.tool_call_timeout_s)
+                               call_timeout_s=rt.tool_call_timeout_s, plugins=(*cfg.envs.plugins, *cfg.rewards.plugins))
         rollout_cfg = cfg.rollout if rollout_cfg is None else rollout_cfg
         # max_restarts: Ray restarts a dead worker; the driver rebuilds its engine (revive) and
         # re-issues its undelivered groups. No task retries: a re-run needs the engine first.
@@ -167,9 +168,11 @@ class RolloutSide:
 
         def options() -> dict:
             return _engine_group_options(cfg, base) if grouped else base
+        # agent.chat_template read here: a relative path means the driver's working directory
+        agent = with_template_text(cfg.agent)
         workers = [
             RolloutWorker.options(**options()).remote(model_path, rollout_cfg, cfg.model.dtype, pool, i,
-                                                      weight_sync=weight_sync, rewards_cfg=cfg.rewards)
+                                                      weight_sync=weight_sync, rewards_cfg=cfg.rewards, agent_cfg=agent)
             for i in range(cfg.rollout.num_workers)
         ]
         if not (cfg.rspo.enabled and engine):
@@ -178,7 +181,8 @@ class RolloutSide:
         n = cfg.rollout.num_workers
         explorers = [
             RolloutWorker.options(**options()).remote(model_path, rollout_cfg, cfg.model.dtype, pool, n + j,
-                                                      weight_sync=weight_sync, rewards_cfg=cfg.rewards, role=EXPLORER)
+                                                      weight_sync=weight_sync, rewards_cfg=cfg.rewards, role=EXPLORER,
+                                                      agent_cfg=agent)
             for j in range(cfg.rspo.explorer_workers)
         ]
         g_b = explorer_group_size(cfg.rspo.explorer_fraction, cfg.rollout.group_size)

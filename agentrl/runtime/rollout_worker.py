@@ -18,7 +18,7 @@ import uuid
 
 import ray
 
-from agentrl.agent.chat import ChatFormatter
+from agentrl.agent.chat import formatter_for
 from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy
 from agentrl.api import ENV_ERROR, POLICY, EngineNotStarted, EnvError, Episode, EpisodeGroup, Generation, GroupSummary
@@ -102,9 +102,10 @@ def exit_if_engine_dead(err: BaseException, worker_index: int) -> None:
 @ray.remote
 class RolloutWorker:
     def __init__(self, model_path: str, rollout_cfg, dtype: str, tool_actors: list, worker_index: int = 0,
-                 weight_sync: str = "object_store", rewards_cfg=None, role: str = POLICY):
+                 weight_sync: str = "object_store", rewards_cfg=None, role: str = POLICY, agent_cfg=None):
         """``role``: POLICY (serves the policy being trained) or EXPLORER (RSPO's explorer; its
-        episodes and groups are tagged so)."""
+        episodes and groups are tagged so). ``agent_cfg``: the ``agent:`` section (tool-call
+        format, chat template, system prompt); None = its defaults."""
         set_default_env()
         self.model_path, self.cfg, self.dtype = model_path, rollout_cfg, dtype
         self.tool_actors = tool_actors
@@ -114,6 +115,7 @@ class RolloutWorker:
         self.engine = None
         self.version = 0
         self.rewards_cfg = rewards_cfg
+        self.agent_cfg = agent_cfg
         self.judge = None  # ChatClient, built in start() when rewards.summary = judge
         self.hierr = HierRWeights(**rewards_cfg.hierr.model_dump()) if rewards_cfg is not None else HierRWeights()
 
@@ -131,7 +133,9 @@ class RolloutWorker:
 
             self.engine = VLLMEngine(self.model_path, self.cfg.engine, dtype=self.dtype,
                                      seed=self.cfg.engine.seed + self.worker_index, weight_sync=self.weight_sync)
-        self.formatter = ChatFormatter(AutoTokenizer.from_pretrained(self.model_path))
+        # agent.*: the tool format the loop parses and the gold replay writes, the system prompt and
+        # chat template of every episode (the engine itself sees token ids only)
+        self.formatter = formatter_for(AutoTokenizer.from_pretrained(self.model_path), self.agent_cfg)
         # a ToolPool (it carries tools.placement) or a bare actor list (tests, benchmarks): in_process
         self.pool = self.tool_actors if isinstance(self.tool_actors, ToolPool) else ToolPool(self.tool_actors)
         self.limits = EpisodeLimits(

@@ -23,6 +23,7 @@ from typing import Any
 import ray
 
 from agentrl.api import EnvError
+from agentrl.envs.plugins import load_plugins
 from agentrl.envs.registry import register_backend
 from agentrl.envs.session import LocalEnvSession
 from agentrl.tasks.schema import Task, ToolCall
@@ -30,7 +31,11 @@ from agentrl.tasks.schema import Task, ToolCall
 
 @ray.remote
 class ToolBackendActor:
-    def __init__(self, sgls_server=None, sgls_seed: int | None = None, sgls_timeout_s: float = 300.0) -> None:
+    def __init__(self, sgls_server=None, sgls_seed: int | None = None, sgls_timeout_s: float = 300.0,
+                 plugins: tuple[str, ...] = ()) -> None:
+        # envs.plugins / rewards.plugins: their backends must be registered here too (on a joined
+        # cluster no environment variable carries them to this process)
+        load_plugins(plugins)
         self.sessions: dict[str, LocalEnvSession] = {}
         self.calls = self.opened = 0
         if sgls_server is not None:
@@ -135,7 +140,8 @@ class ToolPool:
 
     @classmethod
     def create(cls, num_actors: int, num_cpus: float, max_concurrency: int, sgls_server=None, sgls_cfg=None,
-               placement: str = "in_process", max_restarts: int = 0, call_timeout_s: float | None = None) -> "ToolPool":
+               placement: str = "in_process", max_restarts: int = 0, call_timeout_s: float | None = None,
+               plugins: tuple[str, ...] = ()) -> "ToolPool":
         """Start the actors only when something will run on them (placement ``pool``, or an SGLS
         server to reach): idle actors would still cost a process each. ``max_restarts``: Ray
         restarts a dead actor (its sessions are lost: their episodes end with ``ENV_ERROR`` and
@@ -145,7 +151,8 @@ class ToolPool:
         seed = sgls_cfg.seed if sgls_cfg is not None else None
         timeout = sgls_cfg.request_timeout_s if sgls_cfg is not None else 300.0
         actor = ToolBackendActor.options(num_cpus=num_cpus, max_concurrency=max_concurrency, max_restarts=max_restarts)
-        return cls([actor.remote(sgls_server, seed, timeout) for _ in range(num_actors)], placement, call_timeout_s)
+        return cls([actor.remote(sgls_server, seed, timeout, tuple(plugins)) for _ in range(num_actors)], placement,
+                   call_timeout_s)
 
     def in_process(self, task: Task) -> bool:
         return self.placement == "in_process" and task.backend not in REMOTE_BACKENDS

@@ -9,7 +9,14 @@ show them); Parquet rows are 0-based (as ``pyarrow`` / ``pandas`` index them) an
 Parquet stores each task as its JSON text rather than a nested struct: ``arguments`` and
 ``initial_state`` are free-form JSON whose Arrow types would differ from task to task, and the
 string form round-trips exactly. ``id``/``domain``/``category``/``backend`` are stored as extra
-columns so a file can be filtered without parsing every task.
+columns so a file can be filtered without parsing every task. Free-form ``metadata`` (what a
+plugin's reward function reads) travels inside that JSON like every other field.
+
+Whether a task's ``backend`` and ``reward`` name something registered is known only above this
+layer (``agentrl/envs/registry.py``, ``agentrl/rewards/registry.py``), so those modules register
+hooks here (``register_task_hook``) that see each task's JSON object before it is validated:
+they may fill in defaults (a plugin backend's tools) and reject unknown names, and their errors
+get the same file:line as every other error.
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -29,6 +37,17 @@ _INDEX_COLUMNS = ("id", "domain", "category", "backend")
 
 class TaskFileError(ValueError):
     """A task file that cannot be loaded; the message names file, line/row and field."""
+
+
+TaskHook = Callable[[dict[str, Any]], dict[str, Any]]
+_HOOKS: dict[str, TaskHook] = {}
+
+
+def register_task_hook(name: str, hook: TaskHook) -> None:
+    """Run ``hook`` on every task's JSON object before it is validated, in registration order
+    (re-registering a name replaces its hook in place). It returns the object (possibly with
+    defaults filled in) or raises ValueError with ``field: reason``; the loader prefixes file:line."""
+    _HOOKS[name] = hook
 
 
 def _format_validation(where: str, err: ValidationError) -> str:
@@ -46,6 +65,11 @@ def _parse(text: str, where: str, seen: dict[str, str]) -> Task:
         raise TaskFileError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
     if not isinstance(data, dict):
         raise TaskFileError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    for hook in list(_HOOKS.values()):
+        try:
+            data = hook(data)
+        except ValueError as exc:
+            raise TaskFileError(f"{where}: {exc}") from None
     try:
         task = Task.model_validate(data)
     except ValidationError as exc:

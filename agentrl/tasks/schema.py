@@ -2,7 +2,9 @@
 
 A task is a multi-turn conversation script: the user turns the agent will see, the tools it may
 call, the backend that executes them from ``initial_state``, and per turn the gold plan (a list of
-steps; a step is a list of calls that may run in parallel).
+steps; a step is a list of calls that may run in parallel). A task of a plugin environment may
+instead name a reward function (``reward``) that scores the finished episode from free-form
+``metadata``; it then needs no gold plan (docs/own_tools.md).
 """
 
 from __future__ import annotations
@@ -69,11 +71,19 @@ class Task(BaseModel):
     id: str
     domain: str
     category: Category = "base"
-    tools: list[ToolSpec]
+    # The tools the agent is offered. A task file may leave them out when its backend registered
+    # its tools (a plugin, agentrl/envs/registry.py): loading fills in all of them.
+    tools: list[ToolSpec] = Field(default_factory=list)
     backend: str
     initial_state: dict[str, Any] = Field(default_factory=dict)
     turns: list[Turn] = Field(min_length=1)
     provenance: Provenance = Field(default_factory=Provenance)
+    # Reward function that scores the finished episode, by its registered name
+    # (agentrl/rewards/registry.py); None = the backend's default one, else the per-turn checks
+    # against the gold plans (docs/design.md §3). A task scored by a function needs no gold plan.
+    reward: str | None = Field(default=None, min_length=1)
+    # Free-form JSON for the reward function (e.g. the expected end state); agentrl never reads it.
+    metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_references(self) -> "Task":

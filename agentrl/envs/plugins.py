@@ -1,0 +1,144 @@
+"""Environment and reward plugins: modules whose import registers tool backends and reward functions.
+
+``envs.plugins`` and ``rewards.plugins`` name them (dotted module names, or ``.py`` file paths made
+absolute, as ``algo.plugins`` does for estimators, agentrl/algos/registry.py). Importing one runs
+its ``register_backend`` / ``register_reward`` calls. Both lists share this loader and one
+process-wide record of what was imported, because one module (``examples/own_tools/env.py``)
+usually registers a backend and its reward together.
+
+A Ray actor is a process of its own: a backend registered only in the driver is unknown to the
+rollout workers and tool-pool actors that open its sessions and score its episodes. Three ways get
+the plugins there, none of which needs the actors' code to know about them:
+
+* the config validators import them in the validating process (the driver, ``agentrl eval``);
+* ``rewards.plugins`` holds a ``PluginList``: unpickling it imports every plugin the *sending*
+  process had imported. The rollout workers receive ``cfg.rewards`` as a constructor argument,
+  so they import the plugins before their constructor runs;
+* loading exports the list as ``AGENTRL_PLUGINS`` (``os.pathsep``-separated). Processes started
+  afterwards inherit it (an embedded Ray cluster starts after the config is validated, so its
+  workers do: the tool-pool actors rely on this), and the registries import it lazily the first
+  time a task names a backend or reward they do not know. Commands without a config
+  (``agentrl tasks export``) can be given it by hand.
+
+This module imports nothing of agentrl: the registries (envs, rewards) and the config use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterable
+
+ENV_VAR = "AGENTRL_PLUGINS"
+
+_LOADED: dict[str, None] = {}  # every plugin imported in this process (an ordered set)
+_FILES: dict[str, str] = {}  # resolved .py path -> the module name it was imported under
+
+
+def is_plugin_file(plugin: str) -> bool:
+    """A plugin given as a file path (ends in ``.py`` or contains a path separator), not a module name."""
+    return plugin.endswith(".py") or os.sep in plugin or bool(os.altsep and os.altsep in plugin)
+
+
+def absolute_plugins(plugins: Iterable[str]) -> list[str]:
+    """File plugins as absolute paths (Ray actors run in other working directories); module names unchanged."""
+    return [os.path.abspath(p) if is_plugin_file(p) else p for p in plugins]
+
+
+def loaded_plugins() -> list[str]:
+    """Every plugin imported in this process so far, in import order."""
+    return list(_LOADED)
+
+
+def load_plugins(plugins: Iterable[str]) -> None:
+    """Import each plugin once in this process (a file already imported as a module, e.g. a test
+    file under pytest, is not imported again), record it and export ``AGENTRL_PLUGINS``. Any
+    failure becomes a ValueError naming the plugin: its traceback may point deep inside it."""
+    for plugin in absolute_plugins(plugins):
+        if plugin in _LOADED:
+            continue
+        try:
+            if is_plugin_file(plugin):
+                _import_file(plugin)
+            else:
+                importlib.import_module(plugin)
+        except Exception as err:  # ImportError, SyntaxError, a registration error, ...
+            raise ValueError(f"cannot import plugin {plugin!r}: {type(err).__name__}: {err}") from err
+        _LOADED[plugin] = None
+    exported = absolute_plugins(p for p in os.environ.get(ENV_VAR, "").split(os.pathsep) if p)
+    merged = list(dict.fromkeys(exported + list(_LOADED)))
+    if merged:
+        os.environ[ENV_VAR] = os.pathsep.join(merged)
+
+
+def load_env_plugins() -> bool:
+    """Import the plugins ``AGENTRL_PLUGINS`` names that are not imported yet; True when any was
+    (the registries then look the missing name up again)."""
+    named = absolute_plugins(p for p in os.environ.get(ENV_VAR, "").split(os.pathsep) if p)
+    wanted = [p for p in named if p not in _LOADED]
+    if not wanted:
+        return False
+    load_plugins(wanted)
+    return True
+
+
+def plugins_hint() -> str:
+    """Where plugins come from, for 'unknown name' errors."""
+    loaded = ", ".join(_LOADED) or "none"
+    return (f"plugins imported in this process: {loaded}; a run names its plugins in envs.plugins / rewards.plugins, "
+            f"a command without a config reads {ENV_VAR}")
+
+
+def _import_file(path: str) -> None:
+    resolved = os.path.realpath(path)
+    if resolved in _FILES:
+        return
+    if not os.path.isfile(resolved):
+        raise FileNotFoundError(f"no such file: {resolved}")
+    for module in list(sys.modules.values()):  # already imported under another name (a test module, algo.plugins)
+        file = getattr(module, "__file__", None)
+        if file and os.path.realpath(file) == resolved:
+            _FILES[resolved] = module.__name__
+            return
+    stem = os.path.splitext(os.path.basename(resolved))[0]
+    name = f"agentrl_plugin_{stem}_{hashlib.sha1(resolved.encode()).hexdigest()[:8]}"
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {resolved} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    _FILES[resolved] = name
+
+
+class PluginList(list):
+    """A config's plugin list that imports, when unpickled in another process, every plugin the
+    pickling process had imported (its own entries and the other list's: ``envs.plugins`` does
+    not travel to the rollout workers, ``rewards.plugins`` does). Equal to the plain list."""
+
+    def __reduce__(self):
+        return _restore, (list(self), loaded_plugins())
+
+
+def _restore(own: list[str], carried: list[str]) -> PluginList:
+    load_plugins([*carried, *own])
+    return PluginList(own)
+
+
+def config_plugins(value: Iterable[str]) -> PluginList:
+    """What the ``envs.plugins`` / ``rewards.plugins`` validators keep: the plugins, file paths
+    made absolute, imported here (so task files may name what they register)."""
+    value = absolute_plugins(value)
+    load_plugins(value)
+    return PluginList(value)
+
+
+__all__ = ["ENV_VAR", "PluginList", "absolute_plugins", "config_plugins", "is_plugin_file", "load_env_plugins",
+           "load_plugins", "loaded_plugins", "plugins_hint"]

@@ -1,0 +1,160 @@
+"""Reward functions: score a finished episode of a task that has no gold plan (docs/own_tools.md).
+
+A reward function is registered under a name, ``register_reward(name, fn)``, usually by the same
+plugin module that registers its backend (``envs.plugins`` / ``rewards.plugins``,
+agentrl/envs/plugins.py). A task is scored by one when it names it (``task.reward``) or when its
+backend registered it as the default (``register_backend(..., reward=name)``); every other task
+keeps the per-turn checks against its gold plans (docs/design.md §3).
+
+``fn(episode, task)`` gets the finished ``agentrl.api.Episode`` (``calls``: per turn the calls
+with their observations; ``answers``: the message that closed each turn; ``termination``; and so
+on, docs/design.md §2) and the ``Task`` (its ``metadata`` holds whatever the function needs, e.g.
+the expected end state). It returns the outcome in [0, 1] (a float or bool) or a ``Score`` with
+an optional process score in [0, 1] for partial credit. ``final_backend(episode, task)`` gives
+the backend's end state: the session is gone when the episode is scored (it may have lived on
+a tool-pool actor), so it replays the episode's calls into a fresh one.
+
+``rewards/scoring.py: score_episode`` dispatches here. This module also checks, when task files
+are loaded, that every reward a task names (itself or through its backend) is registered.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import AfterValidator
+
+from agentrl.envs.checker import canonical
+from agentrl.envs.plugins import PluginList, config_plugins, load_env_plugins, plugins_hint
+from agentrl.envs.registry import default_reward, make_backend
+from agentrl.tasks.io import register_task_hook
+from agentrl.tasks.schema import Task, ToolCall
+
+
+@dataclass(frozen=True)
+class Score:
+    """What a reward function may return instead of a bare outcome.
+
+    ``outcome``: success in [0, 1] (``rewards["outcome"]``, ``train/success``); ``process``:
+    partial credit in [0, 1], or None for "same as the outcome". It becomes ``rewards["progress"]``
+    (what ``algo.reward: progress``, the default, trains on) and ``rewards["process"]`` (what SLCA
+    reads on tool-call tokens)."""
+
+    outcome: float
+    process: float | None = None
+
+
+RewardFn = Callable[[Any, Task], "float | bool | Score"]
+_REWARDS: dict[str, RewardFn] = {}
+
+
+def register_reward(name: str, fn: RewardFn) -> RewardFn:
+    """Make ``task.reward == name`` (or a backend's ``reward=name``) score with ``fn``; returns
+    ``fn``. A different function under a taken name is an error; the same function again (its
+    module imported a second time, e.g. once per config validation) replaces the entry."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"register_reward: name must be a non-empty string, got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"register_reward({name!r}): fn must be callable (episode, task) -> outcome or Score")
+    old = _REWARDS.get(name)
+    if old is not None and _where(old) != _where(fn):
+        raise ValueError(f"reward {name!r} is already registered by {_where(old)}; pick another name for {_where(fn)}")
+    _REWARDS[name] = fn
+    return fn
+
+
+def _where(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def reward_names() -> list[str]:
+    return sorted(_REWARDS)
+
+
+def get_reward(name: str, task_id: Any = None) -> RewardFn:
+    """The reward function called ``name`` (importing ``AGENTRL_PLUGINS`` first when it is not
+    registered yet); ValueError naming the task otherwise."""
+    fn = _REWARDS.get(name)
+    if fn is None and load_env_plugins():
+        fn = _REWARDS.get(name)
+    if fn is None:
+        known = ", ".join(reward_names()) or "none"
+        raise ValueError(f"unknown reward {name!r} for task {task_id!r}; registered: {known} ({plugins_hint()})")
+    return fn
+
+
+def reward_name(task: Task) -> str | None:
+    """The reward function that scores ``task``: its own ``reward``, else its backend's default;
+    None = the per-turn checks on the gold plans."""
+    return task.reward or default_reward(task.backend, task.id)
+
+
+def run_reward(name: str, episode: Any, task: Task) -> tuple[float, float]:
+    """(outcome, process) of ``episode`` by reward function ``name``, checked to be numbers in
+    [0, 1]. A function that raises stops the rollout with the task named: training on a score
+    that was never computed would be worse."""
+    fn = get_reward(name, task.id)
+    try:
+        result = fn(episode, task)
+    except Exception as err:
+        raise RuntimeError(f"reward {name!r} ({_where(fn)}) failed on task {task.id!r}: "
+                           f"{type(err).__name__}: {err}") from err
+    outcome, process = (result.outcome, result.process) if isinstance(result, Score) else (result, None)
+    outcome = _unit(outcome, name, task, "outcome")
+    return outcome, outcome if process is None else _unit(process, name, task, "process")
+
+
+def _unit(value: Any, name: str, task: Task, what: str) -> float:
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"reward {name!r} returned {what} {value!r} for task {task.id!r}; expected a number in [0, 1]")
+    return float(value)
+
+
+def final_backend(episode: Any, task: Task) -> Any:
+    """The backend as the episode left it: a fresh session from the task's ``initial_state`` with
+    every call of the episode executed again, in order. Returns the plugin's own object (for the
+    ``call`` contract; the session itself otherwise). The backend must be deterministic (the same
+    calls give the same observations), which is checked: a replay that sees another observation
+    than the episode did raises, since the state it reached is not the episode's."""
+    session = make_backend(task)
+    for u, turn in enumerate(episode.calls):
+        for i, logged in enumerate(turn):
+            seen = session.execute(ToolCall(name=logged["name"], arguments=logged["arguments"]))
+            if canonical(seen) != canonical(logged.get("observation")):
+                raise ValueError(f"task {task.id!r}: backend {task.backend!r} is not deterministic: replaying call {i} "
+                                 f"of turn {u} ({logged['name']}) returned {canonical(seen)[:120]}, the episode saw "
+                                 f"{canonical(logged.get('observation'))[:120]}")
+    return getattr(session, "backend", session)
+
+
+def _task_hook(data: dict[str, Any]) -> dict[str, Any]:
+    """Task files: the reward a task names, itself or through its backend, must be registered."""
+    own, backend = data.get("reward"), data.get("backend")
+    if isinstance(own, str) and own:
+        try:
+            get_reward(own, data.get("id"))
+        except ValueError as err:
+            raise ValueError(f"reward: {err}") from None
+    elif isinstance(backend, str):
+        default = default_reward(backend, data.get("id"))
+        if default is not None:
+            try:
+                get_reward(default, data.get("id"))
+            except ValueError as err:
+                raise ValueError(f"backend: {backend!r} scores its tasks with reward {default!r}, which is not "
+                                 f"registered: {err}") from None
+    return data
+
+
+register_task_hook("rewards.reward", _task_hook)
+
+# The validator of envs.plugins and rewards.plugins (``Annotated[list[...], AS_PLUGINS]``, default
+# ``PluginList``): the plugins imported when the config is validated, file paths made absolute. It
+# lives here so that the config, by importing it, also registers the reward check on task files.
+AS_PLUGINS = AfterValidator(config_plugins)
+
+__all__ = ["AS_PLUGINS", "PluginList", "Score", "final_backend", "get_reward", "register_reward", "reward_name",
+           "reward_names", "run_reward"]
