@@ -37,6 +37,28 @@ examples:
 """
 
 
+# `agentrl eval --help`: every task source (agentrl/envs/sources.py, agentrl/tasks/io.py);
+# tests/test_eval_cli.py checks it names every registered prefix, builtin split, BFCL category
+# and split, and τ²-bench domain.
+EVAL_SOURCES = """\
+task sources (--tasks):
+  builtin:<split>                 generated tool-use tasks; split: train (400), heldout (200) of the
+                                  full suite, bank-train, bank-heldout of the quickstart's bank suite
+  bfcl:<category>[:<split>]       BFCL v4 multi-turn; category: base, miss_func, miss_param,
+                                  long_context, all; split: eval (default), train, full
+  tau2:<domain>[:<split>]         τ²-bench with LLM-simulated tools (needs tools.sgls);
+                                  domain: airline, retail; split: test (default), train, full
+  FILE.jsonl, FILE.parquet        a task file (`agentrl tasks export` writes one; schema:
+                                  agentrl/tasks/schema.py)
+
+examples:
+  agentrl eval --tasks builtin:heldout --model runs/quickstart-20250101-120000/final
+  agentrl eval --tasks builtin:heldout --model runs/quickstart-20250101-120000/checkpoint-10 rollout.max_new_tokens=128
+  agentrl eval --tasks bfcl:all --policy gold
+  agentrl eval --tasks tau2:airline --model Qwen/Qwen2.5-0.5B-Instruct tools.sgls.model_path=/models/simulator
+"""
+
+
 def _fail(message: object) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
@@ -257,20 +279,44 @@ def _make_model(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from agentrl.config import ConfigError, load_config
+    from agentrl.config import ConfigError
     from agentrl.tasks.io import TaskFileError
 
-    overrides = list(args.overrides) + ([f"model.path={args.model}"] if args.model else [])
     try:
-        config = load_config(args.config, overrides)
+        config, used = _eval_config(args)
     except ConfigError as err:
         return _fail(err)
+    print(f"agentrl eval: config {used}" + (f", overrides {' '.join(args.overrides)}" if args.overrides else ""),
+          flush=True)
     from agentrl.runtime.evaluate import evaluate
 
     try:
         return _run(evaluate, config, args.tasks, gold=args.policy == "gold", out_path=args.out, limit=args.limit)
     except (TaskFileError, ValueError, RuntimeError) as err:
         return _fail(err)
+
+
+def _eval_config(args: argparse.Namespace):
+    """The config ``agentrl eval`` runs with, and where it came from (printed). A model of a training
+    run (``RUN/final``, ``RUN/checkpoint-N``, or ``RUN`` itself for its ``final``) is evaluated with
+    the run's resolved config (``RUN/config.yaml``): the rollout sizes, dtype, chat format and
+    tools it was trained with, not the defaults. ``--config`` replaces it; KEY=VALUE overrides
+    apply on top of either; ``model.path`` is always the model given."""
+    from agentrl.config import load_config
+    from agentrl.config.resume import CONFIG_FILE
+
+    model, run = args.model, None
+    if model is not None:
+        path = Path(model)
+        if (path / CONFIG_FILE).is_file() and (path / "final" / "config.json").is_file():
+            model, run = str(path / "final"), path
+        elif (path / "config.json").is_file() and (path.parent / CONFIG_FILE).is_file() and (
+                path.name == "final" or (path.name.startswith("checkpoint-") and path.name[11:].isdigit())):
+            run = path.parent
+    overrides = list(args.overrides) + ([f"model.path={model}"] if model else [])
+    if args.config is not None or run is None:
+        return load_config(args.config, overrides), args.config or "defaults (no --config, and the model is not a run's)"
+    return load_config(str(run / CONFIG_FILE), overrides), f"{run / CONFIG_FILE} (the run's resolved config)"
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -388,17 +434,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_make_model)
 
     p = sub.add_parser("eval", help="score a model (or the gold replay) on a task set",
-                       description="Run every task once (greedy) through the Ray rollout workers and "
-                                   "the per-turn checker; print accuracy per category and overall, and "
-                                   "write per-entry results as JSONL.")
-    p.add_argument("--tasks", required=True, metavar="SOURCE",
-                   help="builtin:heldout, builtin:train, bfcl:<category>[:<split>] (category: base, "
-                        "miss_func, miss_param, long_context, all; split: eval (default), train, full) or a file")
-    p.add_argument("--model", metavar="PATH", help="model folder (default: model.path of the config)")
+                       description="Run every task once (greedy) through the Ray rollout workers and the per-turn\n"
+                                   "checker; print accuracy per category and overall, and write per-entry results\n"
+                                   "as JSONL.\n\n"
+                                   "A model of a training run (RUN/final, RUN/checkpoint-N, or RUN for its final)\n"
+                                   "is evaluated with the run's resolved config, RUN/config.yaml: the rollout\n"
+                                   "sizes, dtype, chat format and tools it was trained with. --config replaces it;\n"
+                                   "KEY=VALUE overrides apply on top of either. The config used is printed first.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EVAL_SOURCES)
+    p.add_argument("--tasks", required=True, metavar="SOURCE", help="the task set (sources below)")
+    p.add_argument("--model", metavar="PATH",
+                   help="model folder (RUN/final, RUN/checkpoint-N, a run folder RUN, any HF folder) or hub id "
+                        "ORG/NAME[@REVISION] from the HF cache (default: model.path of the config)")
     p.add_argument("--policy", choices=["model", "gold"], default="model",
                    help="gold replays the ground truth instead of a model (must score 1.0000)")
     p.add_argument("--limit", type=int, metavar="N", help="only the first N tasks of each category")
-    p.add_argument("--config", metavar="CONFIG", help="YAML config for rollout/runtime settings")
+    p.add_argument("--config", metavar="CONFIG",
+                   help="YAML config for rollout/runtime settings (default: the run's config.yaml when --model is a "
+                        "run's model, else the defaults)")
     p.add_argument("--out", metavar="FILE", default="runs/eval/results.jsonl",
                    help="per-entry results (default runs/eval/results.jsonl)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")

@@ -232,7 +232,7 @@ def test_step_metrics_from_hand_made_summaries():
         "time/generate": 4.0, "time/rollout_wait": 1.5, "time/learn": 3.0, "time/sync": 0.25, "time/step": 5.0,
         "train/policy_version": 4.0, "train/policy_lag": 1.0,  # oldest group on v2, learner trained v3 into v4
         "reward/process": 0.3, "reward/summary": 0.5, "learner/loss": 0.5, "learner/tokens": 7.0,
-        "train/env_failures": 0.0, "recovery/dropped_episodes": 0.0,  # every environment answered
+        "train/env_failures": 0.0, "recovery/dropped_episodes": 0.0, "recovery/env_reruns": 0.0,  # every environment answered
     })
     assert all(isinstance(v, float) for v in m.values())
     assert pick(m, "success") == 0.25 and format_step(1, 2, m).startswith("step 1/2 | success 0.25 | progress 0.38")

@@ -68,7 +68,9 @@ class LoraConfig(Section):
 
 
 class ModelConfig(Section):
-    # Local path of the policy model (HF format); no hub is reachable, so it must exist on disk.
+    # The policy model (HF format): a local folder, or a hub id ORG/NAME[@REVISION] found in the Hugging
+    # Face cache (HF_HOME; pre-download with `hf download ORG/NAME`; nothing downloads unless
+    # HF_HUB_OFFLINE=0). Every node loads the resolved folder: the cache must be on all of them.
     path: NonEmptyStr = ".cache/models/tiny-agent"
     # Parameter dtype for the learner and the inference engine (CPU runs want float32).
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -274,6 +276,11 @@ class TelemetryConfig(Section):
     trace: Bool = True
     # Record every training episode in trajectories/ (Parquet), one file per this many steps; 0 = off.
     trajectories_every: NonNegInt = 10
+    # Experiment trackers that also get the metrics (same names and steps), the resolved config and
+    # report.png: "mlflow" (MLFLOW_TRACKING_URI, default sqlite:///<run.output_dir>/mlruns/mlflow.db;
+    # MLFLOW_EXPERIMENT_NAME, default agentrl), "wandb" (WANDB_MODE, default offline; WANDB_PROJECT,
+    # default agentrl; WANDB_DIR, default the run folder). Needs `pip install 'agentrl[trackers]'`.
+    loggers: list[Literal["mlflow", "wandb"]] = Field(default_factory=list)
 
 
 class RuntimeConfig(Section):

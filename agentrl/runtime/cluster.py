@@ -26,6 +26,7 @@ from agentrl.agent.chat import with_template_text
 from agentrl.api import EXPLORER, POLICY, GroupRef, GroupSummary
 from agentrl.config import Config
 from agentrl.config.schema import explorer_group_size
+from agentrl.runtime.hub import HubModelError, parse_hub_id, resolve_hub_model
 from agentrl.runtime.placement import rollout_bundle, rollout_uses_groups
 
 
@@ -61,17 +62,24 @@ def embedded_cpus(cfg: Config) -> int:
 
 
 def resolve_model_path(cfg: Config) -> str:
-    """``model.path`` resolved; exits with a hint when no model is there (the CLI exits 2)."""
+    """``model.path`` as the absolute model folder every actor loads (on any node): a local folder,
+    else a hub id (``org/name[@revision]``) found in the Hugging Face cache (``runtime/hub.py``).
+    Exits with a hint when neither is there (the CLI exits 2)."""
     path = Path(cfg.model.path)
-    if not (path / "config.json").exists():
-        where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
-        hint = ""
-        if path.parts[-3:] == ("agentrl", "assets", "tiny-agent"):  # the quickstart's: relative to the repo root
-            hint = " Run from the repository root, where the shipped model is."
-        elif "tiny-agent" in str(path):
-            hint = " Build it with `agentrl make-model`."
-        raise SystemExit(f"error: model.path: no model at {path}{where}.{hint}")
-    return str(path.resolve())
+    if (path / "config.json").exists():  # a folder wins over a hub id of the same spelling
+        return str(path.resolve())
+    where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+    if parse_hub_id(cfg.model.path) is not None:
+        try:
+            return str(resolve_hub_model(cfg.model.path))
+        except HubModelError as err:
+            raise SystemExit(f"error: model.path: no model folder at {path}{where}, and {err}") from None
+    hint = ""
+    if path.parts[-3:] == ("agentrl", "assets", "tiny-agent"):  # the quickstart's: relative to the repo root
+        hint = " Run from the repository root, where the shipped model is."
+    elif "tiny-agent" in str(path):
+        hint = " Build it with `agentrl make-model`."
+    raise SystemExit(f"error: model.path: no model at {path}{where}.{hint}")
 
 
 @dataclass

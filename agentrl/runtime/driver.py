@@ -51,6 +51,7 @@ from agentrl.telemetry.metrics import MetricsSink
 from agentrl.telemetry.progress import ProgressLine, eval_table
 from agentrl.telemetry.summaries import eval_metrics, step_metrics
 from agentrl.telemetry.timeline import Timeline
+from agentrl.telemetry.trackers import check_trackers
 from agentrl.weight_sync import make_weight_sync
 
 
@@ -294,6 +295,7 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
 
     set_default_env()
     resolve_model_path(cfg)  # a missing model or task set fails here: before a run folder exists or Ray starts
+    check_trackers(cfg.telemetry.loggers)  # and a tracker package that is not installed
     checkpoint = open_checkpoint(resume, cfg) if resume is not None else None
     tasks = load_task_sources(cfg, checkpoint)
     run_dir = _make_run_dir(cfg, config_path, run_dir) if checkpoint is None else reopen_run_dir(checkpoint, cfg)

@@ -6,6 +6,10 @@ results go to a JSONL file; the console shows accuracy per category and ends wit
 ``overall accuracy: X.XXXX``. ``--policy gold`` replays each task's ground truth instead of a
 model (no vLLM engine is started): it must score 1.0000, which checks the task import, the
 backend, the checker and the episode loop together.
+
+The config comes from the CLI (``cli._eval_config``: a training run's own ``config.yaml`` for its
+models); the rollout limits and dtype the workers are then built with are printed, so a score can
+be read against the settings that produced it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 
 import ray
 
-from agentrl.config.schema import Config
+from agentrl.config.schema import Config, RolloutConfig
 from agentrl.rewards.behaviours import behaviour_rates
 from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
 from agentrl.telemetry.summaries import summarize
@@ -25,6 +29,13 @@ from agentrl.telemetry.summaries import summarize
 # The gold replay is not a model: give it room for long-context tool outputs and every gold step
 # (BFCL turns take up to ~20 calls; long_context observations run to thousands of tokens).
 GOLD_LIMITS = {"max_new_tokens": 100_000, "max_assistant_messages_per_turn": 64, "max_episode_tokens": 10_000_000}
+
+
+def rollout_settings(rollout: RolloutConfig, dtype: str, gold: bool) -> str:
+    """The limits one episode runs under, as printed before the evaluation."""
+    return (f"max_new_tokens={rollout.max_new_tokens} max_episode_tokens={rollout.max_episode_tokens} "
+            f"max_assistant_messages_per_turn={rollout.max_assistant_messages_per_turn} "
+            + ("(the gold replay's own limits)" if gold else f"model.dtype={dtype}"))
 
 
 def first_per_category(tasks: list, limit: int | None) -> list:
@@ -57,6 +68,7 @@ def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path,
         if any(t.backend == "sgls" for t in tasks) and cfg.tools.sgls is None:
             raise ValueError(f"{source} has tasks with backend 'sgls' (LLM-simulated tools): set tools.sgls")
         rollout = cfg.rollout.model_copy(update=GOLD_LIMITS) if gold else cfg.rollout
+        print(f"agentrl eval: {rollout_settings(rollout, cfg.model.dtype, gold)}", flush=True)
         side = RolloutSide.create(cfg, model_path, rollout_cfg=rollout, engine=not gold)
         side.start()
         results = side.evaluate(tasks, gold)

@@ -5,6 +5,13 @@ and can collide between users, so every entry point (the CLI, the driver, tests)
 ``set_default_env()`` before importing transformers/vLLM/DeepSpeed. It only uses
 ``os.environ.setdefault``: anything the user (or the Makefile) exported wins. The layout mirrors
 the Makefile's: ``$AGENTRL_CACHE/{hf,vllm,torch_extensions,triton,matplotlib}``.
+
+``HF_HOME`` is the one a user often has already: an exported ``HF_HOME`` (or ``HF_HUB_CACHE``) is
+kept, and a hub id in ``model.path`` is looked up there. When the user set none, agentrl's
+``$AGENTRL_CACHE/hf`` keeps anything the HF libraries write inside the checkout, and the hub-id
+lookup searches the hub's default cache (``~/.cache/huggingface/hub``) after it, so a model
+fetched with a plain ``hf download`` is still found (``runtime/hub.py``). Downloads stay off
+(``HF_HUB_OFFLINE=1``) unless the user exports ``HF_HUB_OFFLINE=0``.
 """
 
 from __future__ import annotations
@@ -41,6 +48,18 @@ def cuda_visible() -> bool:
     if visible is not None and visible.strip() in ("", "-1"):
         return False
     return shutil.which("nvidia-smi") is not None or Path("/dev/nvidia0").exists()
+
+
+def agentrl_default(var: str) -> str:
+    """The value ``set_default_env`` gives cache variable ``var`` (``CACHE_DIRS``) when unset."""
+    root = os.environ.get("AGENTRL_CACHE") or str(Path.cwd().resolve() / ".cache")
+    return str(Path(root) / CACHE_DIRS[var])
+
+
+def is_agentrl_default(var: str) -> bool:
+    """Whether ``var`` holds agentrl's own default (set here or by the Makefile), not a value the user chose."""
+    value = os.environ.get(var)
+    return value is not None and os.path.abspath(os.path.expanduser(value)) == os.path.abspath(agentrl_default(var))
 
 
 def set_default_env(cwd: str | os.PathLike[str] | None = None) -> Path:

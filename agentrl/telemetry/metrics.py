@@ -1,4 +1,5 @@
-"""One call per training step fans metrics out to JSONL, TensorBoard and Ray's metrics (Prometheus).
+"""One call per training step fans metrics out to JSONL, TensorBoard, Ray's metrics (Prometheus)
+and the experiment trackers of ``telemetry.loggers`` (MLflow, W&B: telemetry/trackers.py).
 
 Telemetry must never be why a run dies: every sink is wrapped, a failing sink logs one warning and
 the others carry on. Heavy imports (torch's SummaryWriter, Ray) happen lazily so a sink with
@@ -22,6 +23,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from agentrl.telemetry.trackers import check_trackers, draw_report, open_trackers, run_status
 
 log = logging.getLogger(__name__)
 
@@ -99,17 +102,22 @@ def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 class MetricsSink:
-    """Writes each step's scalars to ``run_dir/metrics.jsonl``, ``run_dir/tb`` and Ray gauges.
+    """Writes each step's scalars to ``run_dir/metrics.jsonl``, ``run_dir/tb``, Ray gauges and the
+    configured experiment trackers.
 
-    ``telemetry_cfg`` is a ``TelemetryConfig`` (``jsonl``, ``tensorboard``, ``ray_metrics``); None
-    means all on.
+    ``telemetry_cfg`` is a ``TelemetryConfig`` (``jsonl``, ``tensorboard``, ``ray_metrics``,
+    ``loggers``); None means the first three on and no tracker. A tracker whose package is missing
+    stops the sink at once (``TrackerUnavailable``, naming the extra); one that fails to start or
+    to log is warned about, like the other sinks. ``close`` ends the tracker runs with the report
+    and the run's status (``trackers.run_status``).
 
     ``resume_after=k`` continues the files of a run resumed from its checkpoint at step k: rows of
     ``metrics.jsonl`` for steps after k (written before the run died, and about to be written
     again) are dropped first, so the file keeps one row per step (plus evaluation rows), and
     ``elapsed_s`` goes on from the last row kept. TensorBoard gets ``purge_step=k+1``: events
     after step k in the old event files are hidden from then on (torch's SummaryWriter; the
-    fallback writer cannot purge). Ray gauges keep no history.
+    fallback writer cannot purge). Ray gauges keep no history. Trackers continue the tracker runs named
+    in the run folder's ``trackers.json`` (telemetry/trackers.py says what they keep of the redone steps).
     """
 
     def __init__(self, run_dir: str | Path, telemetry_cfg: Any = None, run_name: str = "agentrl",
@@ -119,12 +127,16 @@ class MetricsSink:
         self._use_jsonl = bool(getattr(telemetry_cfg, "jsonl", True))
         self._use_tb = bool(getattr(telemetry_cfg, "tensorboard", True))
         self._use_ray = bool(getattr(telemetry_cfg, "ray_metrics", True))
+        loggers = list(getattr(telemetry_cfg, "loggers", None) or [])
+        check_trackers(loggers)  # before any file is opened: a missing package is a setup error
+        self._warned: set[str] = set()
+        # first: starting them takes seconds (imports, W&B's service), which elapsed_s should not count
+        self._trackers = open_trackers(loggers, self.run_dir, resume_after is not None, self._warn) if loggers else []
         self._resume_after = resume_after
         self._start = time.time()
         if resume_after is not None:
             kept = keep_steps_through(self.run_dir / METRICS_FILE, resume_after)
             self._start -= float(kept[-1].get("elapsed_s") or 0.0) if kept else 0.0
-        self._warned: set[str] = set()
         self._jsonl = None
         self._tb = None
         self._gauges: dict[str, Any] = {}
@@ -168,6 +180,8 @@ class MetricsSink:
             self._guard("tensorboard", self._write_tb, step, values)
         if self._use_ray and self._ray_ready():
             self._guard("ray_metrics", self._write_ray, values)
+        for tracker in self._trackers:
+            self._guard(f"tracker {tracker.name}", tracker.log, step, values)
 
     def _write_jsonl(self, step: int, values: dict[str, float]) -> None:
         now = time.time()
@@ -208,10 +222,12 @@ class MetricsSink:
         try:
             fn(*args)
         except Exception as err:
-            if sink not in self._warned:
-                self._warned.add(sink)
-                log.warning("telemetry sink %s failed (further failures not reported): %r",
-                            sink, err)
+            self._warn(sink, err)
+
+    def _warn(self, sink: str, err: Exception) -> None:
+        if sink not in self._warned:
+            self._warned.add(sink)
+            log.warning("telemetry sink %s failed (further failures not reported): %r", sink, err)
 
     # -- teardown ------------------------------------------------------------------------------
 
@@ -226,6 +242,21 @@ class MetricsSink:
         if self._tb is not None:
             self._guard("tensorboard", self._tb.close)
             self._tb = None
+        if self._trackers:
+            self._finish_trackers()
+
+    def _finish_trackers(self) -> None:
+        """End each tracker run with the report of the now complete ``metrics.jsonl`` and the run's status."""
+        status = run_status()  # read first: drawing the report must not be what it sees
+        report = None
+        if self._use_jsonl:
+            try:
+                report = draw_report(self.run_dir / METRICS_FILE)
+            except Exception as err:
+                self._warn("report for the trackers", err)
+        for tracker in self._trackers:
+            self._guard(f"tracker {tracker.name}", tracker.finish, report, status)
+        self._trackers = []
 
     def __enter__(self) -> MetricsSink:
         return self
