@@ -1,6 +1,6 @@
 """What crosses a stage boundary, as typed records: one module every layer may import.
 
-    rollout worker --EpisodeGroup (object store)--> replay buffer (GroupRef) --> learner
+    rollout worker --EpisodeGroup (return object)--> replay buffer (GroupRef) --> learner
           |                                                                      |
           +--GroupSummary--> driver (metrics, RODS)          TrainBatch --> MicroBatch
 
@@ -8,7 +8,8 @@
 * ``Episode``: one rollout of one task: the token stream with its masks and segments, per-step
   spans and environment states, per-turn verdicts, rewards, and who produced it.
 * ``EpisodeGroup``: the G episodes of one task sampled together, with the behaviour-policy version
-  that produced them; group-relative estimators need the whole group. Workers ``ray.put`` it.
+  that produced them; group-relative estimators need the whole group. Each is a return object of
+  its worker's ``rollout`` call, so the driver owns it (it outlives the worker).
 * ``GroupSummary``: the few numbers of a group the driver needs (metrics, RODS statistics) without
   fetching its payload.
 * ``GroupRef``: the object ref of an ``EpisodeGroup`` plus its version. Ray resolves an ObjectRef

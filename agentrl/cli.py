@@ -43,7 +43,8 @@ examples:
 EVAL_SOURCES = """\
 task sources (--tasks):
   builtin:<split>                 generated tool-use tasks; split: train (400), heldout (200) of the
-                                  full suite, bank-train, bank-heldout of the quickstart's bank suite
+                                  full suite, bank-train, bank-heldout of the quickstart's bank suite;
+                                  every split: {builtin_splits}
   bfcl:<category>[:<split>]       BFCL v4 multi-turn; category: base, miss_func, miss_param,
                                   long_context, all; split: eval (default), train, full
   tau2:<domain>[:<split>]         τ²-bench with LLM-simulated tools (needs tools.sgls);
@@ -57,6 +58,13 @@ examples:
   agentrl eval --tasks bfcl:all --policy gold
   agentrl eval --tasks tau2:airline --model Qwen/Qwen2.5-0.5B-Instruct tools.sgls.model_path=/models/simulator
 """
+
+
+def _eval_sources() -> str:
+    """``EVAL_SOURCES`` with every builtin split the generator defines (the method settings add some)."""
+    from agentrl.envs.builtin.generator import SPLIT_SIZES
+
+    return EVAL_SOURCES.replace("{builtin_splits}", ", ".join(SPLIT_SIZES))
 
 
 def _fail(message: object) -> int:
@@ -441,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "is evaluated with the run's resolved config, RUN/config.yaml: the rollout\n"
                                    "sizes, dtype, chat format and tools it was trained with. --config replaces it;\n"
                                    "KEY=VALUE overrides apply on top of either. The config used is printed first.",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EVAL_SOURCES)
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_eval_sources())
     p.add_argument("--tasks", required=True, metavar="SOURCE", help="the task set (sources below)")
     p.add_argument("--model", metavar="PATH",
                    help="model folder (RUN/final, RUN/checkpoint-N, a run folder RUN, any HF folder) or hub id "

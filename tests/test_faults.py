@@ -54,16 +54,16 @@ def relaunch(call: Call) -> Call:
 def test_collect_reissues_exactly_the_dead_workers_calls():
     calls = [Call(0, ["a", "c"]), Call(1, ["b", "d"], dies=1), Call(2, ["e"], dies=2)]
     reissued = []
-    results = collect(calls, fetch, lambda c: reissued.append(c.worker_index) or relaunch(c), (Dead,))
+    results = collect(calls, fetch, lambda c, err: reissued.append(c.worker_index) or relaunch(c), (Dead,))
     # every task delivered once, from the call that finished; only the dead calls went out again
     assert results == [["a@launch1", "c@launch1"], ["b@launch2", "d@launch2"], ["e@launch3"]]
     assert reissued == [1, 2, 2]
-    assert collect(calls, fetch, relaunch, (Dead,)) == results  # fetched once: never re-issued again
+    assert collect(calls, fetch, lambda c, err: relaunch(c), (Dead,)) == results  # fetched once: never re-issued again
 
 
 def test_collect_without_recovery_lets_the_error_through():
     with pytest.raises(Dead):
-        collect([Call(0, ["a"], dies=1)], fetch, relaunch, ())
+        collect([Call(0, ["a"], dies=1)], fetch, lambda c, err: relaunch(c), ())
 
 
 class TimedOut(Exception):
@@ -121,10 +121,21 @@ def test_a_task_that_kills_its_worker_twice_is_quarantined_and_the_others_delive
     launches = {1: [Call(0, ["a", "bad", "c"], killers=frozenset({"bad"})), Call(1, ["d"])]}
     s = RolloutScheduler(launches.get, engines, False, revive=lambda w: revived.append(w) or 1.0, reissue=relaunch)
     assert s.take(1) == [["a@launch2", "c@launch2"], ["d@launch1"]]
-    assert s.quarantined == {"bad"} and s.deaths == {"a": 1, "bad": 2, "c": 1}
+    assert s.quarantined == {"bad"}
     assert revived == ["w0", "w0"]  # the call's death, then bad's own
     assert s.pop_recoveries() == {"recovery/worker_restarts": 2.0, "recovery/reissued_groups": 3.0,
                                   "recovery/quarantined_tasks": 1.0}
+
+
+def test_a_task_only_present_in_dead_calls_is_never_quarantined(monkeypatch):
+    """``a`` is in two calls whose workers died for other reasons (each dies once, whatever it
+    holds): re-run alone each time, it is delivered both times and never blamed."""
+    monkeypatch.setattr(scheduler_mod, "ray", FakeRay)
+    launches = {1: [Call(0, ["a", "x"], dies=1)], 2: [Call(0, ["a", "a", "y"], dies=1)]}
+    s = RolloutScheduler(launches.get, Engines(), False, revive=lambda w: 1.0, reissue=relaunch)
+    assert s.take(1) == [["a@launch2", "x@launch2"]]
+    assert s.take(2) == [["a@launch2", "a@launch2", "y@launch2"]]  # a task drawn twice in one step: both delivered
+    assert s.quarantined == set() and s.pop_recoveries()["recovery/quarantined_tasks"] == 0.0
 
 
 def test_a_rollout_call_past_its_timeout_is_an_error_naming_the_worker(monkeypatch):
@@ -167,7 +178,7 @@ def test_a_worker_restarted_while_idle_is_revived_before_the_weights_load(monkey
     monkeypatch.setattr(scheduler_mod, "ray", FakeRay)
     engines = FirstLoadFails()
     s = RolloutScheduler({1: [Call(0, ["a"])]}.get, engines, False, revive=lambda w: 1.0, reissue=relaunch,
-                         revive_restarted=lambda: 1)
+                         revive_restarted=lambda: [("w0", "policy")])
     s.take(1)
     s.updated(1)
     assert engines.loads == ["failed", 1] and s.version == 1
@@ -325,3 +336,32 @@ def test_shutdown_runs_every_part_and_masks_no_error(tmp_path, capsys):
     assert (tmp_path / "evals.json").exists() and "report.png not written" in capsys.readouterr().out
     with pytest.raises(ValueError):
         _write_results(tmp_path, {}, no_report)
+
+
+def test_rollout_call_owns_one_object_per_group_and_splits_into_parts(ray_cluster):
+    """``RolloutCall`` against a real actor with ``RolloutWorker.rollout``'s return layout: one
+    object per task (an emptied group is None and gets no ref), only the summaries fetched; a
+    part is one task of the call, relaunched alone, and parts merge back in order."""
+    import ray
+
+    from agentrl.api import GroupRef
+    from agentrl.runtime.cluster import RolloutCall
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def rollout(self, tasks, group_size, temperature, top_p, tag, keys, env_retries):
+            summaries = [GroupSummary(t, 0, [] if t == "empty" else [1.0], [1.0], {}, 1, 0, 0, 0, 0.0, 0.0, 0.0)
+                         for t in tasks]
+            return (summaries, *[None if t == "empty" else {"group": t, "tag": tag} for t in tasks])
+
+    worker = Worker.remote()
+    call = RolloutCall(worker, 0, "policy", ["a", "empty", "b"], ["k0", "k1", "k2"], 2, 1.0, 1.0, 7).launch()
+    summaries, refs = call.fetch(timeout=60)
+    assert [s.task_id for s in summaries] == ["a", "empty", "b"]
+    assert all(isinstance(r, GroupRef) for r in refs) and [r.task_id for r in refs] == ["a", "b"]
+    assert ray.get([r.ref for r in refs]) == [{"group": "a", "tag": 7}, {"group": "b", "tag": 7}]
+    part = call.part(2)
+    assert (part.tasks, part.keys, part.ref, part.result) == (["b"], ["k2"], None, None)
+    merged = RolloutCall.merge([part.launch().fetch(timeout=60), call.part(0).launch().fetch(timeout=60)])
+    assert [s.task_id for s in merged[0]] == ["b", "a"] and [r.task_id for r in merged[1]] == ["b", "a"]
+    ray.kill(worker)

@@ -39,7 +39,7 @@ def test_rspo_steps_sync_the_explorer_and_keep_the_policy(tiny_model_dir, ray_cl
         assert m["train/episodes"] == 8 and m["rspo/derived"] == 1.0 and keys <= set(m)
         assert m["rspo/explorer_tokens_trained"] > 0 and m["learner/tokens"] > m["rspo/explorer_tokens_trained"]
 
-        results = ray.get([c.ref for c in trainer.rollout_side.rollout(trainer.sampler.next(2), cfg.rollout, tag=77)])
+        results = [c.fetch() for c in trainer.rollout_side.rollout(trainer.sampler.next(2), cfg.rollout, tag=77)]
         groups = ray.get([ref.ref for _, refs in results for ref in refs])
         assert sorted((g.policy, len(g.episodes)) for g in groups) == [(EXPLORER, 1)] * 2 + [(POLICY, 3)] * 2
         assert {g.mix_key for g in groups if g.policy == EXPLORER} == {g.mix_key for g in groups if g.policy == POLICY}

@@ -28,6 +28,10 @@ class Stored:
 
 
 class FakeRay:
+    class exceptions:
+        class RayActorError(Exception):
+            pass
+
     @staticmethod
     def get(calls):
         if isinstance(calls, Call):

@@ -101,8 +101,13 @@ def test_layouts():
 @pytest.mark.parametrize(("text", "calls", "content"), [
     ('<|python_tag|>{"name": "f", "parameters": {"a": 1}}', [("f", {"a": 1})], ""),
     ('{"name": "f", "arguments": {"a": 1}}\n{"name": "g", "parameters": {}}', [("f", {"a": 1}), ("g", {})], ""),
-    ('Checking. {"name": "f", "parameters": {"s": "}{;"}} ; {"name": "g", "parameters": {}}', [("f", {"s": "}{;"}), ("g", {})],
+    ('Checking.\n{"name": "f", "parameters": {"s": "}{;"}} ; {"name": "g", "parameters": {}}', [("f", {"s": "}{;"}), ("g", {})],
      "Checking."),
+    # braces in an answer are content (vLLM reads calls only from a message that starts with one):
+    # the final answer must still close its turn
+    ("The balance is 42 (in {EUR}).", [], "The balance is 42 (in {EUR})."),
+    ('The file now contains {"a": 1}.', [], 'The file now contains {"a": 1}.'),
+    ('Done. {"name": "f", "parameters": {}} was my plan.', [], 'Done. {"name": "f", "parameters": {}} was my plan.'),
 ])
 def test_llama3_json_examples(text, calls, content):
     p = get_format("llama3_json").parse(text)
@@ -130,9 +135,9 @@ MALFORMED = {
         ('{"name": 3, "parameters": {}}', 1, 0),  # name not a string
         ('{"name": "f"}', 1, 0),  # no parameters (vLLM requires them too)
         ('{"name": "nope", "parameters": {}}', 1, 0),  # unknown tool
-        ("{'name': 'f'} then " + '{"name": "f", "parameters": {}}', 2, 1),  # balanced but not JSON; next one runs
+        ("{'name': 'f'}\n" + '{"name": "f", "parameters": {}}', 2, 1),  # balanced but not JSON; next one runs
         ("<|python_tag|>", 1, 0),  # the call marker, then nothing
-        ("{" * 5000, 1, 0),  # deep and unbalanced
+        ('{"name": ' + "{" * 5000, 1, 0),  # deep and unbalanced
     ],
     "pythonic": [
         ("[f(a=1", 1, 0),  # truncated

@@ -3,7 +3,8 @@
 * ``hermes`` (the default): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, in
   ``agentrl.agent.parser``. Qwen2.5/3, Hermes, SmolLM2 and our tiny model.
 * ``llama3_json`` (Llama 3.1/3.3): a bare JSON object ``{"name": ..., "parameters": {...}}``,
-  several separated by ``;`` (or newlines), optionally after ``<|python_tag|>``.
+  several separated by ``;`` (or newlines), optionally after ``<|python_tag|>``; a call starts a
+  line (braces inside an answer's prose are content).
 * ``pythonic`` (Llama 3.2/4): a Python list of calls, ``[f(a=1, b="x"), g()]``, literal values
   only, optionally after ``<|python_tag|>`` or inside ``<|python_start|>...<|python_end|>``.
 
@@ -136,6 +137,13 @@ def _llama3_call(text: str, start: int, known_tools: set[str] | None) -> tuple[T
     return call, err, end
 
 
+# Where a call starts: an object whose first key is "name" (or 'name', a malformed call), at the start of a line, after
+# <|python_tag|> or after the ";" between calls. Braces elsewhere ("in {EUR}", a JSON value quoted in
+# an answer) are content, as in vLLM's parser, which reads calls only from a message that starts
+# with one: a final answer that mentions braces must still close its turn.
+_LLAMA3_CALL_START = re.compile(r'(?:^|;|<\|python_tag\|>)[ \t]*(\{\s*["\']name["\'])', re.MULTILINE)
+
+
 def parse_llama3_json(text: str, known_tools: set[str] | None = None) -> ParsedMessage:
     """Llama 3 JSON calls out of ``text``; ``;`` between calls and ``<|python_tag|>`` are not
     content. A ``<|python_tag|>`` with no call after it is one malformed call. Never raises."""
@@ -144,10 +152,11 @@ def parse_llama3_json(text: str, known_tools: set[str] | None = None) -> ParsedM
     gaps: list[str] = []
     pos = 0
     while True:
-        start = text.find("{", pos)
-        if start < 0:
+        found = _LLAMA3_CALL_START.search(text, pos)
+        if found is None:
             gaps.append(text[pos:])
             break
+        start = found.start(1)
         gaps.append(text[pos:start])
         out.has_call_attempt = True
         out.n_blocks += 1

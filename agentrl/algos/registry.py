@@ -22,15 +22,13 @@ without torch) import torch inside ``compute``.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import importlib
-import importlib.util
-import os
 import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from agentrl.api import Episode
+from agentrl.envs.plugins import absolute_plugins, import_file, is_plugin_file  # one loader for every plugin kind
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -97,7 +95,6 @@ class Estimator:
 
 _REGISTRY: dict[str, Estimator] = {}
 _BUILTINS = "agentrl.algos.estimators"
-_PLUGIN_FILES: dict[str, str] = {}  # resolved .py path -> module name it was imported under
 
 
 def register_estimator(cls: type[Estimator]) -> type[Estimator]:
@@ -164,17 +161,6 @@ def unknown_estimator_message(name: str) -> str:
     return f"unknown advantage estimator '{name}' ({hint}known: {', '.join(known)})"
 
 
-def is_plugin_file(plugin: str) -> bool:
-    """A plugin given as a file path (ends in ``.py`` or contains a path separator), not a module name."""
-    return plugin.endswith(".py") or os.sep in plugin or bool(os.altsep and os.altsep in plugin)
-
-
-def absolute_plugins(plugins: Iterable[str]) -> list[str]:
-    """File plugins as absolute paths (other processes, e.g. Ray actors, have other working
-    directories); module names unchanged."""
-    return [os.path.abspath(p) if is_plugin_file(p) else p for p in plugins]
-
-
 def load_plugins(plugins: Iterable[str]) -> None:
     """Import every plugin once in this process: a dotted module name (``my_pkg.estimators``,
     importable here) or the path of a ``.py`` file (``is_plugin_file``). Importing runs the
@@ -184,37 +170,11 @@ def load_plugins(plugins: Iterable[str]) -> None:
     for plugin in plugins:
         try:
             if is_plugin_file(plugin):
-                _import_file(plugin)
+                import_file(plugin)
             else:
                 importlib.import_module(plugin)
         except Exception as err:  # ImportError, SyntaxError, a registration error, ...
             raise ValueError(f"cannot import estimator plugin {plugin!r}: {type(err).__name__}: {err}") from err
-
-
-def _import_file(path: str) -> None:
-    resolved = os.path.realpath(path)
-    if resolved in _PLUGIN_FILES:
-        return
-    if not os.path.isfile(resolved):
-        raise FileNotFoundError(f"no such file: {resolved}")
-    for module in list(sys.modules.values()):  # already imported (e.g. a test module under pytest)
-        file = getattr(module, "__file__", None)
-        if file and os.path.realpath(file) == resolved:
-            _PLUGIN_FILES[resolved] = module.__name__
-            return
-    stem = os.path.splitext(os.path.basename(resolved))[0]
-    name = f"agentrl_plugin_{stem}_{hashlib.sha1(resolved.encode()).hexdigest()[:8]}"
-    spec = importlib.util.spec_from_file_location(name, resolved)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {resolved} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    _PLUGIN_FILES[resolved] = name
 
 
 def estimator_for(algo: Any) -> Estimator:

@@ -311,8 +311,9 @@ class RuntimeConfig(Section):
     # Seconds the driver waits for one rollout call (a worker's share of a step) before it stops the
     # run with an error naming the worker (a hung engine or in-process tool); null = no limit.
     rollout_timeout_s: PosFloat | None = 3600.0
-    # Seconds the driver waits for one learner update (or weight publish) before it stops the run with
-    # an error naming the learner; null = no limit.
+    # Seconds the driver waits for one learner update before it stops the run with an error naming the
+    # learner (exit 75: resume with --resume auto); null = no limit. Weight loads and evaluations have
+    # no timeout.
     learner_timeout_s: PosFloat | None = 3600.0
     # Seconds one tool call on a tool-pool actor (tools.placement=pool, SGLS tasks) may take before the
     # episode ends with an environment error naming the actor (its group is rolled out again). Must

@@ -30,11 +30,13 @@ import importlib
 import importlib.util
 import os
 import sys
+import threading
 from collections.abc import Iterable
 
 ENV_VAR = "AGENTRL_PLUGINS"
 
 _LOADED: dict[str, None] = {}  # every plugin imported in this process (an ordered set)
+_LOCK = threading.RLock()  # re-entrant: a plugin may import another through the registries
 _FILES: dict[str, str] = {}  # resolved .py path -> the module name it was imported under
 
 
@@ -57,21 +59,26 @@ def load_plugins(plugins: Iterable[str]) -> None:
     """Import each plugin once in this process (a file already imported as a module, e.g. a test
     file under pytest, is not imported again), record it and export ``AGENTRL_PLUGINS``. Any
     failure becomes a ValueError naming the plugin: its traceback may point deep inside it."""
+    with _LOCK:  # threaded tool-pool actors may meet an unknown name on two threads at once
+        _load(plugins)
+    exported = absolute_plugins(p for p in os.environ.get(ENV_VAR, "").split(os.pathsep) if p)
+    merged = list(dict.fromkeys(exported + list(_LOADED)))
+    if merged:
+        os.environ[ENV_VAR] = os.pathsep.join(merged)
+
+
+def _load(plugins: Iterable[str]) -> None:
     for plugin in absolute_plugins(plugins):
         if plugin in _LOADED:
             continue
         try:
             if is_plugin_file(plugin):
-                _import_file(plugin)
+                import_file(plugin)
             else:
                 importlib.import_module(plugin)
         except Exception as err:  # ImportError, SyntaxError, a registration error, ...
             raise ValueError(f"cannot import plugin {plugin!r}: {type(err).__name__}: {err}") from err
         _LOADED[plugin] = None
-    exported = absolute_plugins(p for p in os.environ.get(ENV_VAR, "").split(os.pathsep) if p)
-    merged = list(dict.fromkeys(exported + list(_LOADED)))
-    if merged:
-        os.environ[ENV_VAR] = os.pathsep.join(merged)
 
 
 def load_env_plugins() -> bool:
@@ -92,7 +99,8 @@ def plugins_hint() -> str:
             f"a command without a config reads {ENV_VAR}")
 
 
-def _import_file(path: str) -> None:
+def import_file(path: str) -> None:
+    """Import the ``.py`` file at ``path`` once per process (also ``algo.plugins``' loader)."""
     resolved = os.path.realpath(path)
     if resolved in _FILES:
         return
@@ -140,5 +148,5 @@ def config_plugins(value: Iterable[str]) -> PluginList:
     return PluginList(value)
 
 
-__all__ = ["ENV_VAR", "PluginList", "absolute_plugins", "config_plugins", "is_plugin_file", "load_env_plugins",
-           "load_plugins", "loaded_plugins", "plugins_hint"]
+__all__ = ["ENV_VAR", "PluginList", "absolute_plugins", "config_plugins", "import_file", "is_plugin_file",
+           "load_env_plugins", "load_plugins", "loaded_plugins", "plugins_hint"]

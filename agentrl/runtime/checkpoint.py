@@ -57,7 +57,8 @@ PREFIX, LATEST, STATE_FILE = "checkpoint-", "latest", "trainer_state.json"
 LEARNER_DIR, POOL_STATE, BUFFER_FILE, ROLLOUTS_FILE = "learner", "rods_pool.json", "replay_buffer.msgpack", "rollouts.msgpack"
 POOL_LOG, TASKS_LOG, RESUMES_LOG = "rods_pool.jsonl", "tasks.jsonl", "resumes.jsonl"
 DRIVER_FILES = (STATE_FILE, BUFFER_FILE, ROLLOUTS_FILE, POOL_STATE)  # the parts the driver writes and reads back
-RUN_LOGS = ("metrics.jsonl", TASKS_LOG, POOL_LOG, RESUMES_LOG)  # read back from run.storage on a resume
+# read back from run.storage on a resume (trackers.json: the tracker runs a resumed run continues)
+RUN_LOGS = ("metrics.jsonl", TASKS_LOG, POOL_LOG, RESUMES_LOG, "trackers.json")
 RUN_FILES = ("config.yaml", *RUN_LOGS, "evals.json", "report.png")  # put into run.storage at checkpoints and the end
 
 
@@ -211,6 +212,7 @@ def write_checkpoint(trainer: Trainer, step: int, evals: dict) -> Path | Storage
     saved = ray.get(saving)
     state = {"format": FORMAT, "step": step, "version": trainer.version, "due": due, "evals": evals,
              "sampler": trainer.sampler.state_dict() if trainer.sampler is not None else None,
+             "quarantined": sorted(trainer.scheduler.quarantined),  # tasks that killed their worker twice
              "pool_log_bytes": pool_log.stat().st_size if pool_log.exists() else 0,
              "learner_digest": saved["digest"], "manifest": MANIFEST, "time": time.time()}
     _write_bytes(own / STATE_FILE, json.dumps(state, indent=1).encode())
@@ -392,6 +394,7 @@ def restore(trainer: Trainer, ckpt: Checkpoint) -> None:
                                    for call in ahead["calls"]]
                    for ahead in _unpack((ckpt.path / ROLLOUTS_FILE).read_bytes())}
     trainer.scheduler.restore(results, state["due"] if state["due"] is not None else trainer.version)
+    trainer.scheduler.quarantined = set(state.get("quarantined", []))  # absent before quarantine existed
     trainer.evals = {k: v for k, v in state["evals"].items() if k != "end"}  # a new end comes with the new last step
     record = {"time": time.time(), "checkpoint": ckpt.path.name, "step": ckpt.step, "version": trainer.version,
               "steps": trainer.cfg.train.steps, "learner_digest_match": True, "learner_digest": digest,

@@ -149,6 +149,7 @@ class RolloutSide:
         self.explorers = explorers or []
         self.explorer_episodes = explorer_episodes
         self.env_retries = env_retries  # times a group whose environment failed is rolled out again
+        self.killed = False  # kill() was called: nothing left to shut down
 
     @classmethod
     def create(cls, cfg: Config, model_path: str, *, rollout_cfg=None, weight_sync: str = "object_store",
@@ -246,11 +247,12 @@ class RolloutSide:
                 time.sleep(min(2.0, 0.2 * (attempt + 1)))  # the handle may not know of the restart yet
         raise RuntimeError("rollout worker did not come back")
 
-    def revive_restarted(self) -> int:
+    def revive_restarted(self) -> list[tuple[Any, str]]:
         """Revive every worker Ray restarted between calls (it died while idle, e.g. after
-        returning its groups): it has no engine until ``start``. Returns how many were revived."""
-        revived = 0
-        for w in self.workers + self.explorers:
+        returning its groups): it has no engine until ``start``. Returns the revived (worker, role)s."""
+        revived = []
+        roles = [(w, POLICY) for w in self.workers] + [(w, EXPLORER) for w in self.explorers]
+        for w, role in roles:
             try:
                 ready = ray.get(w.ready.remote())
             except ray.exceptions.RayActorError:
@@ -258,8 +260,15 @@ class RolloutSide:
             if not ready:
                 print("recovery: a rollout worker was restarted while idle; rebuilding its engine", flush=True)
                 self.revive(w)
-                revived += 1
+                revived.append((w, role))
         return revived
+
+    def kill(self) -> None:
+        """Stop every rollout-side actor at once, without asking it: a hung worker would never
+        answer a shutdown call (the run is stopping on a ``ResumableFailure``)."""
+        for actor in [*self.workers, *self.explorers, *self.pool.actors, *([self.sgls] if self.sgls else [])]:
+            ray.kill(actor, no_restart=True)
+        self.killed = True
 
     @staticmethod
     def reissue(call: RolloutCall) -> RolloutCall:
@@ -277,6 +286,8 @@ class RolloutSide:
     def shutdown(self) -> None:
         """Stop the engines, then the SGLS server's; an actor that fails to stop (e.g. dead for
         good) does not keep the others running: the first error is raised after all were asked."""
+        if self.killed:
+            return
         errors = _get_each([w.shutdown.remote() for w in self.workers + self.explorers])
         if self.sgls is not None:
             errors += _get_each([self.sgls.shutdown.remote()])

@@ -91,7 +91,9 @@ class Trainer:
         print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{learner_version})", flush=True)
         sync = make_weight_sync(rt.weight_sync, self.learner, self.workers, self.rollout_side.explorers)
         self.scheduler = RolloutScheduler(self._launch_rollouts, sync, cfg.train.async_rollouts,
-                                          revive=self.rollout_side.revive, reissue=self.rollout_side.reissue,
+                                          # a restarted engine cannot rejoin an NCCL group: a dead worker stops the run resumably
+                                          revive=self.rollout_side.revive if rt.weight_sync == "object_store" else None,
+                                          reissue=self.rollout_side.reissue,
                                           max_lag=cfg.buffer.max_staleness,
                                           revive_restarted=self.rollout_side.revive_restarted,
                                           timeout_s=rt.rollout_timeout_s)
@@ -266,7 +268,7 @@ class Trainer:
         logged, and the first is raised only with ``raise_errors``: never while the run's own
         error propagates (it would mask it)."""
         errors = []
-        # the trajectories first: the rollout workers, which own the groups, still live
+        # the trajectories first: the last groups are still on their way to the writer
         for name, part in (("trajectories", self.trajectories.close), ("trace", self.write_trace),
                            ("rods", self._stop_rods), ("rollout side", self.rollout_side.shutdown),
                            ("learner", self.learner.kill), ("metrics", self.metrics.close)):
@@ -329,6 +331,7 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
         # the run's own error is what propagates; first what can be written is: the metrics so
         # far (closed by shutdown), the evaluations done, the report
         if isinstance(err, ResumableFailure):
+            trainer.rollout_side.kill()  # a hung worker would never answer the shutdown below
             again = ("run the same command with --resume auto to continue from the newest complete checkpoint"
                      if cfg.train.checkpoint_every else "train.checkpoint_every=0: no checkpoint, a rerun starts over")
             print(f"agentrl: the run stopped: {err}; {again}", flush=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 from agentrl.config import Config
 from agentrl.engines.memory_estimate import DTYPE_BYTES, GiB, MemoryEstimate, ModelDims, estimate_for_config
 from agentrl.runtime.cluster_shape import EPS, Cluster, Node, cluster_for_run, fmt_num
+from agentrl.runtime.hub import HubModelError, parse_hub_id, resolve_hub_model
 from agentrl.runtime.placement import Role, plan_roles
 
 HEADROOM = 0.9  # share of a device the learner's estimate may fill (MemoryEstimate.fits)
@@ -138,6 +139,11 @@ def _model_dims(path: str | os.PathLike | None) -> tuple[ModelDims | None, str |
         return None, "no model"
     p = Path(path)
     file = p if p.is_file() else p / "config.json"
+    if not file.exists() and parse_hub_id(str(path)) is not None:  # a hub id: its snapshot in the HF cache
+        try:
+            file = resolve_hub_model(str(path)) / "config.json"
+        except HubModelError as err:
+            return None, str(err)
     if not file.exists():
         return None, f"{file} does not exist here"
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 import uuid
 
@@ -91,6 +92,8 @@ def exit_if_engine_dead(err: BaseException, worker_index: int) -> None:
     """vLLM's engine process died (``EngineDeadError``: a crash, the OOM killer): this actor
     cannot serve again, so it exits, and Ray restarts it (``runtime.max_actor_restarts``); the
     scheduler rebuilds its engine and re-issues the call's groups, as for any dead worker."""
+    if "vllm" not in sys.modules:  # no engine ever ran here (the gold replay): the error is another one
+        return
     from vllm.v1.engine.exceptions import EngineDeadError
 
     if isinstance(err, EngineDeadError):
@@ -123,10 +126,13 @@ class RolloutWorker:
         """Build the engine inside the actor's event loop (vLLM's async engine needs one).
 
         ``engine=False`` (``agentrl eval --policy gold``) skips vLLM: only the tokenizer of
-        ``model_path`` is needed, to build the token stream the gold replay goes through."""
+        ``model_path`` is needed, to build the token stream the gold replay goes through. A worker
+        already started is left as it is (a second engine would hold its memory twice): the
+        scheduler may revive one worker once per call it had pending."""
         from transformers import AutoTokenizer
 
-
+        if self.ready():
+            return 0.0
         t0 = time.perf_counter()
         if engine:
             from agentrl.engines.vllm_engine import VLLMEngine
@@ -281,7 +287,11 @@ class RolloutWorker:
         if self.engine is None:
             raise EngineNotStarted(f"rollout worker {self.worker_index}: no engine to load weights into (the actor "
                                    "was restarted and not started again)")
-        await self.engine.load_weights(blob)
+        try:
+            await self.engine.load_weights(blob)
+        except Exception as err:
+            exit_if_engine_dead(err, self.worker_index)
+            raise
         self.version = version
         return version
 
@@ -294,7 +304,13 @@ class RolloutWorker:
 
     async def nccl_receive(self, update_info: dict, version: int) -> int:
         """Receive one broadcast from the learner (issued concurrently with its nccl_broadcast)."""
-        await self.engine.receive_weights(update_info, str(version))
+        if self.engine is None:
+            raise EngineNotStarted(f"rollout worker {self.worker_index}: no engine (the actor was restarted)")
+        try:
+            await self.engine.receive_weights(update_info, str(version))
+        except Exception as err:
+            exit_if_engine_dead(err, self.worker_index)
+            raise
         self.version = version
         return version
 

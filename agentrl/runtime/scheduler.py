@@ -34,11 +34,11 @@ engines should have into it, before the call's tasks are re-issued to it (``coll
 other call's groups are kept as delivered, so each task of a step is trained once. A worker
 out of restarts raises its ``RayActorError`` and ends the run.
 
-A worker that dies twice with the same task in its calls is taken to be killed by that task.
-After a death, the call's tasks are re-issued **one at a time** (a task alone on the worker):
-a task in two dead calls, the second of them its own, is **quarantined** (left out of this step
-and of every later one, printed and counted in ``recovery/quarantined_tasks``) instead of being
-retried until Ray's restart budget is gone. A call that does not return within
+After a death, the call's tasks are re-issued **one at a time** (each alone on the worker): a
+task whose worker dies again while it runs alone has killed it twice and is **quarantined** (left
+out of this step and of every later one, printed and counted in ``recovery/quarantined_tasks``)
+instead of being retried until Ray's restart budget is gone. A task only present in a call that
+died is never blamed. A call that does not return within
 ``runtime.rollout_timeout_s`` is an error naming the worker (a hung engine or tool; the run
 stops, resumable from its last checkpoint).
 
@@ -55,7 +55,7 @@ from collections.abc import Callable
 
 import ray
 
-from agentrl.api import EngineNotStarted
+from agentrl.api import EXPLORER, EngineNotStarted
 from agentrl.runtime.preemption import ResumableFailure
 
 NO_LOAD_IN_FLIGHT = "never load weights while an episode is in flight"
@@ -67,16 +67,16 @@ class RolloutTimeout(ResumableFailure):
 
 def collect(calls: list, fetch: Callable, recover: Callable, dead: tuple[type[BaseException], ...]) -> list:
     """Every call's result, in order. A call whose ``fetch(call)`` raises one of ``dead`` (its worker
-    died) is replaced by ``recover(call)`` (the same tasks, re-issued) and fetched again; the other
-    calls' results are kept. ``calls`` is updated in place, so a caller sees the re-issued calls.
+    died) is replaced by ``recover(call, error)`` (the same tasks, re-issued) and fetched again; the
+    other calls' results are kept. ``calls`` is updated in place, so a caller sees the re-issued calls.
     Each call's ``result`` is kept on it: a call fetched once is never fetched (or re-issued) again."""
     out = []
     for i in range(len(calls)):
         while calls[i].result is None:
             try:
                 calls[i].result = fetch(calls[i])
-            except dead:
-                calls[i] = recover(calls[i])
+            except dead as err:
+                calls[i] = recover(calls[i], err)
         out.append(calls[i].result)
     return out
 
@@ -124,8 +124,7 @@ class RolloutScheduler:
         self._revive, self._reissue = revive, reissue
         self._revive_restarted = revive_restarted  # workers restarted while idle (cluster.RolloutSide)
         self.timeout_s = timeout_s  # runtime.rollout_timeout_s
-        self.deaths: Counter = Counter()  # task id -> dead calls it was in
-        self.quarantined: set[str] = set()  # task ids never launched again
+        self.quarantined: set[str] = set()  # task ids never launched again (kept in checkpoints)
         self.ahead: dict[int, list] = {}  # step -> its rollout calls, launched and not yet taken
         self._due: int | None = None  # a learner version the engines have not loaded yet
         self.version: int | None = 0  # the version the engines hold (None: unknown, load before launching)
@@ -232,48 +231,49 @@ class RolloutScheduler:
 
     def _collect(self, calls: list, reissue: bool = True) -> list:
         """The calls' results; a dead worker's call is recovered (``_recover``)."""
-        if self._revive is None:  # nothing can be revived: a dead worker's error propagates
-            return collect(calls, self._fetch, lambda c: c, ())
-        return collect(calls, self._fetch, lambda c: self._recover(c, reissue), (ray.exceptions.RayActorError, EngineNotStarted))
+        dead = (ray.exceptions.RayActorError, EngineNotStarted)
+        if self._revive is None:  # nothing can be revived (runtime.weight_sync=nccl): the run stops resumably
+            return collect(calls, self._fetch, _unrecoverable, dead)
+        return collect(calls, self._fetch, lambda c, err: self._recover(c, err, reissue), dead)
 
     def _restart(self, call) -> None:
         """A dead worker back: restarted by Ray, its engine rebuilt, the weights the engines should have loaded."""
         print(f"recovery: rollout worker {call.worker_index} died with {len(call.tasks)} group(s) undelivered; "
               f"waiting for its restart", flush=True)
-        seconds = self._revive(call.worker)
+        seconds = self._revive(call.worker)  # a worker already revived (another of its calls) is left as it is
         version = self._due if self._due is not None else self.version  # the learner's weights
         self._weight_sync.load_into(call.worker, call.role, version)
         self.recoveries["worker_restarts"] += 1
         print(f"recovery: rollout worker {call.worker_index} back ({seconds:.0f}s, weights v{version})", flush=True)
 
-    def _recover(self, call, reissue: bool = True):
+    def _recover(self, call, err: BaseException, reissue: bool = True):
         """A dead worker restarted (``_restart``); then its call's tasks re-issued one at a time
-        (``_alone``), each blamed once for the death; or, ``reissue=False``, the call marked done empty."""
+        (``_alone``); or, ``reissue=False``, the call marked done empty. A worker that was restarted
+        while idle (``EngineNotStarted``: nothing of this call ran) gets the call back whole."""
         self._restart(call)
         if not reissue:
             call.result = call.merge([])
             return call
         self.recoveries["reissued_groups"] += len(call.tasks)
-        for task in call.tasks:
-            self.deaths[task_key(task)] += 1
+        if isinstance(err, EngineNotStarted):
+            return self._reissue(call)
         return Finished(call.merge([self._alone(call.part(i)) for i in range(len(call.tasks))]))
 
     def _alone(self, part):
-        """A one-task call run by itself until it returns; a task that kills its worker while it
-        runs alone (its second death) is quarantined and returns nothing."""
+        """A one-task call run by itself. The task was in a call whose worker died; if its worker dies
+        again while it runs alone, it has killed it twice: it is quarantined and returns nothing."""
         key = task_key(part.tasks[0])
         while key not in self.quarantined:
-            if self.deaths[key] >= 2:
-                self.quarantined.add(key)
-                self.recoveries["quarantined_tasks"] += 1
-                print(f"recovery: task {key} quarantined: it was in {self.deaths[key]} calls whose rollout worker died, "
-                      "the last time alone; it is not rolled out again in this run", flush=True)
-                break
             try:
                 return self._fetch(self._reissue(part))
-            except (ray.exceptions.RayActorError, EngineNotStarted):
-                self.deaths[key] += 1
+            except EngineNotStarted:
+                self._restart(part)  # restarted while idle before this call ran: not the task's doing
+            except ray.exceptions.RayActorError:
                 self._restart(part)
+                self.quarantined.add(key)
+                self.recoveries["quarantined_tasks"] += 1
+                print(f"recovery: task {key} quarantined: its rollout worker died with it in a call, then again with it "
+                      "alone; it is not rolled out again in this run", flush=True)
         return part.merge([])
 
     def _load_weights(self, version: int) -> None:
@@ -282,12 +282,21 @@ class RolloutScheduler:
             raise RuntimeError(f"{NO_LOAD_IN_FLIGHT}: {len(running)} rollout call(s) still running")
         try:
             self._weight_sync.sync(version)
-        except (ray.exceptions.RayActorError, EngineNotStarted):
-            if self._revive_restarted is None:
-                raise
-            # a worker died between calls (no call of its was pending): Ray restarted it without
-            # an engine. Rebuild it, then load into every worker again.
-            self.recoveries["worker_restarts"] += self._revive_restarted()
+        except (ray.exceptions.RayActorError, EngineNotStarted) as err:
+            # a worker died between calls (no call of its was pending): Ray restarted it without an
+            # engine. Rebuild it, then load into every worker again.
+            revived = self._revive_restarted() if self._revive_restarted is not None else []
+            if not revived:  # every rollout worker is there: the learner itself is lost
+                raise ResumableFailure(f"the weight load of v{version} failed ({type(err).__name__}: {err}) with every "
+                                       "rollout worker alive: the learner is lost") from err
+            self.recoveries["worker_restarts"] += len(revived)
             self._weight_sync.sync(version)
+            for worker, role in revived:
+                if role == EXPLORER:  # the explorer's weights travel only when re-derived: give them now
+                    self._weight_sync.load_into(worker, role, version)
         self.version = version
 
+
+def _unrecoverable(call, err: BaseException):
+    raise ResumableFailure(f"rollout worker {call.worker_index} died ({type(err).__name__}) and cannot be re-admitted "
+                           "here (runtime.weight_sync=nccl: a restarted engine cannot rejoin the NCCL group)") from err

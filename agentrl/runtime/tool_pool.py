@@ -82,8 +82,12 @@ async def _remote(ref, actor=None, what: str = "call", timeout_s: float | None =
     except ray.exceptions.RayActorError as err:
         raise EnvError(f"tool actor {_name(actor)} died: {type(err).__name__}: {err}") from err
     except asyncio.TimeoutError as err:
+        # the call keeps running in one of the actor's threads: enough of them would leave it serving
+        # nothing, so it is restarted clean (its other sessions are lost: their groups are rolled out again)
+        if actor is not None:
+            ray.kill(actor, no_restart=False)
         raise EnvError(f"tool actor {_name(actor)} did not answer {what} within runtime.tool_call_timeout_s="
-                       f"{timeout_s:g}s") from err
+                       f"{timeout_s:g}s; the actor is restarted") from err
 
 
 def _name(actor) -> str:
