@@ -17,7 +17,8 @@ seed, so only the plan's first run measures it. Arms (``--arms`` takes arm or fa
 
 Writes ``results.json``, ``table.md`` and ``curves_<family>.png`` (held-out success against
 trajectories consumed, mean and a min-max band over seeds) to ``--out``; run folders go to
-.cache/benchmarks/methods. ``--keep-done`` skips runs already in results.json.
+.cache/benchmarks/<name of --out> (.cache/benchmarks/methods by default). ``--keep-done`` skips runs
+already in results.json.
 
     .venv/bin/python benchmarks/compare_methods.py --arms all                       # the suite
     .venv/bin/python benchmarks/compare_methods.py --arms slca --seeds 0            # one arm alone
@@ -72,7 +73,8 @@ FAMILIES = {
 }
 FAMILIES["all"] = list(ARMS)
 # per-step training metrics kept for each run (RSPO's and RODS's appear only in their arms)
-TRAIN_KEYS = ("train/success", "train/calls_per_episode", "reward/omission", "reward/process", "rspo/policy_process",
+TRAIN_KEYS = ("train/success", "train/calls_per_episode", "train/groups_with_variance", "train/redundant_call_fraction",
+              "reward/summary_score", "reward/omission", "reward/process", "rspo/policy_process",
               "rspo/explorer_success_share", "rspo/kl_policy_explorer", "pool/size", "pool/synthesized",
               "pool/region_boundary", "pool/region_too_hard", "pool/region_mastered")
 
@@ -92,7 +94,8 @@ def train_quickstart(run_out: Path, overrides: list[str]) -> tuple[Path | None, 
 def run_one(arm: str, seed: int, args, measure_start: bool) -> dict:
     name = f"{arm}-s{seed}"
     overrides = [o.format(seeds=SEEDS_FILE) for o in ARMS[arm][0]]
-    run_dir, minutes, err = train_quickstart(RUNS / name, [
+    # one folder of runs per --out (the default's is RUNS itself), so one setting's runs never replace another's
+    run_dir, minutes, err = train_quickstart(RUNS.parent / args.out.name / name, [
         f"run.seed={seed}", f"run.name={name}", f"rollout.engine.seed={seed}", f"train.steps={args.steps}",
         f"train.eval_every={args.steps // 2}", f"train.eval_at_start={str(measure_start).lower()}",
         *overrides, *args.override])

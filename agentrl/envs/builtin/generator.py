@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.envs.builtin.ops import Op, PlanBuilder, Reject, Req
+from agentrl.envs.builtin.ops import Op, PlanBuilder, Reject, Req, spends_looked_up_balance
 from agentrl.envs.checker import canonical, gold_replay
 from agentrl.envs.registry import builtin_tool_specs
 from agentrl.tasks.schema import Task, Turn
@@ -50,6 +50,12 @@ class Suite:
     name: str
     domains: tuple[str, ...]
     categories: tuple[tuple[str, float], ...]
+    # Number of user turns, drawn uniformly from these; () = the default draw (see ``_draw``).
+    turns: tuple[int, ...] = ()
+    # Weights of 1, 2 and 3 calls in a turn that is not a miss_* pair; () = base_turn's own draw.
+    calls: tuple[float, float, float] | tuple[()] = ()
+    # Properties every task must have (names in ``REQUIREMENTS``); a draw without them is rejected.
+    require: tuple[str, ...] = ()
 
 
 SUITES = {
@@ -59,6 +65,41 @@ SUITES = {
 # Split name -> (suite, size). Held-out splits exclude every task whose user turns equal a train task's.
 SPLITS = {"train": ("all", 400), "heldout": ("all", 200), "bank-train": ("bank", 400), "bank-heldout": ("bank", 200)}
 SPLIT_SIZES = {name: size for name, (_, size) in SPLITS.items()}
+
+
+# -- the method settings (docs/benchmarks.md, "Each method where its premise holds") -------------
+def looks_up_before_spending(task: Task) -> bool:
+    """Some turn's plan reads a balance (a lone ``get_balance`` step) and then spends it: the
+    decision the warm start's ``skip_lookup`` habit gets wrong ("withdraw / move all the money")."""
+    return any(spends_looked_up_balance(a, b) is not None for t in task.turns for a, b in zip(t.gold, t.gold[1:]))
+
+
+def reports_facts(task: Task) -> bool:
+    """Every turn needs calls and its answer must state at least two facts read from their results,
+    one turn's at least three (each a value the tiny model must copy digit by digit)."""
+    counts = [len(t.answer_facts) if t.gold else 0 for t in task.turns]
+    return min(counts) >= 2 and max(counts) >= 3
+
+
+REQUIREMENTS = {"lookup": looks_up_before_spending, "no_lookup": lambda t: not looks_up_before_spending(t),
+                "reports_facts": reports_facts}
+SUITES.update({
+    # RSPO's sparse success: every task has both decisions the warm start gets wrong (ask for the
+    # missing value, look the balance up before spending it) in 3-4 turns, all of which must pass.
+    "bank-sparse": Suite("bank-sparse", ("Bank",), (("miss_param", 1.0),), turns=(3, 4), require=("lookup",)),
+    # SLCA's cross-segment credit: two turns of two plain calls each (no lookup habit to fail),
+    # whose answers state 2-4 values read from the results: the calls are mostly right, and the
+    # answers go wrong on their own (digits copied wrong, a value left out).
+    "bank-report": Suite("bank-report", ("Bank",), (("base", 1.0),), turns=(2,), calls=(0, 1, 0),
+                         require=("no_lookup", "reports_facts")),
+})
+SPLITS.update({
+    # RODS's pool-bound setting: a fixed pool of the first 8 bank-train tasks (same tasks, own ids)
+    "bank-pool8": ("bank", 8),
+    "bank-sparse-train": ("bank-sparse", 400), "bank-sparse-heldout": ("bank-sparse", 200),
+    "bank-report-train": ("bank-report", 400), "bank-report-heldout": ("bank-report", 200),
+})
+SPLIT_SIZES.update({name: size for name, (_, size) in SPLITS.items()})
 
 
 # -- turns --------------------------------------------------------------------------------------
@@ -177,7 +218,10 @@ def _draw(rng: random.Random, shape: Shape | None = None, suite: Suite = SUITES[
             domains = list(suite.domains)
         else:
             domains = sorted(rng.sample(sorted(suite.domains), rng.choices((1, 2), (0.7, 0.3))[0]))
-        n_turns = rng.choice((1, 2, 2, 3, 3, 4) if category == "base" else (2, 3, 3, 4))
+        if suite.turns:
+            n_turns = rng.choice(suite.turns)
+        else:
+            n_turns = rng.choice((1, 2, 2, 3, 3, 4) if category == "base" else (2, 3, 3, 4))
         miss_at = rng.randrange(n_turns - 1) if category != "base" else -1
     else:
         category, domains, n_turns = shape.category, sorted(shape.domains), len(shape.calls_per_turn)
@@ -194,7 +238,11 @@ def _draw(rng: random.Random, shape: Shape | None = None, suite: Suite = SUITES[
                 t.withheld_tools = list(pair[0].withheld_tools)
             turns.extend(pair)
         else:
-            turns.append(base_turn(builder, shape.calls_per_turn[len(turns)] if shape else None))
+            if shape:
+                target = shape.calls_per_turn[len(turns)]
+            else:  # None: base_turn's own draw
+                target = rng.choices((1, 2, 3), suite.calls)[0] if suite.calls else None
+            turns.append(base_turn(builder, target))
     task = Task(
         id="pending",
         domain="+".join(DOMAIN_LABEL[d] for d in domains),
@@ -206,6 +254,8 @@ def _draw(rng: random.Random, shape: Shape | None = None, suite: Suite = SUITES[
     )
     if dependency_depth(task) > MAX_DEPTH:
         raise Reject("dependency chain too deep")
+    if shape is None and any(not REQUIREMENTS[r](task) for r in suite.require):
+        raise Reject(f"not every property of suite {suite.name!r}: {suite.require}")
     if canonical(gold_replay(task)[-1].state) != canonical(builder.backend.state()):
         raise RuntimeError("generator bug: replaying the gold plan does not reproduce the live state")
     return task
