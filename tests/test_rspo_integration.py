@@ -68,9 +68,27 @@ def test_rspo_steps_sync_the_explorer_and_keep_the_policy(tiny_model_dir, ray_cl
         # (what the scheduler's recovery does for a dead worker's call: revive, then load_into)
         explorer = trainer.rollout_side.explorers[0]
         ray.kill(explorer, no_restart=False)
+        _until_restarted(explorer)  # a kill lands asynchronously; revive() rebuilds the restarted actor
         trainer.rollout_side.revive(explorer)
         trainer.scheduler._weight_sync.load_into(explorer, EXPLORER, trainer.version)
         ep_b = ray.get(explorer.sample_one.remote(task, 12))
         assert ep_b.policy == EXPLORER and gap(ep_b, trainer.learner.explorer_logprobs) < 2e-3
     finally:
         trainer.shutdown()
+
+
+def _until_restarted(worker, timeout_s: float = 120) -> None:
+    """Until Ray has restarted ``worker`` (its fresh actor has no engine yet)."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if not ray.get(worker.ready.remote(), timeout=5):
+                return
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the killed worker was not restarted")
