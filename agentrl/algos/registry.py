@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from agentrl.api import Episode
-from agentrl.envs.plugins import absolute_plugins, import_file, is_plugin_file  # one loader for every plugin kind
+from agentrl.envs.plugins import absolute_plugins, import_plugin, is_plugin_file  # one loader for every plugin kind
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -168,13 +168,7 @@ def load_plugins(plugins: Iterable[str]) -> None:
     is not imported again. Any failure becomes a ValueError naming the plugin."""
     _load_builtins()
     for plugin in plugins:
-        try:
-            if is_plugin_file(plugin):
-                import_file(plugin)
-            else:
-                importlib.import_module(plugin)
-        except Exception as err:  # ImportError, SyntaxError, a registration error, ...
-            raise ValueError(f"cannot import estimator plugin {plugin!r}: {type(err).__name__}: {err}") from err
+        import_plugin(plugin, "estimator plugin")
 
 
 def estimator_for(algo: Any) -> Estimator:

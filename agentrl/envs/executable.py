@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jsonschema
@@ -21,21 +21,49 @@ from agentrl.envs.builtin import BUILTIN_CLASSES, Domain, ToolError
 from agentrl.envs.toolspec import function_spec
 from agentrl.tasks.schema import Task, ToolCall
 
+# (validator, allowed argument names or None for any, integer argument names) of one tool's schema
+ArgChecks = tuple[jsonschema.protocols.Validator, frozenset[str] | None, frozenset[str]]
+
+
+def checked_call(call: ToolCall, checks: ArgChecks, run: Callable[[dict[str, Any]], Any],
+                 expected: tuple[type[Exception], ...], message: Callable[[Exception], str] = str) -> Any:
+    """``run(arguments)`` under the never-raise contract, shared with the plugin backends'
+    ``PluginSession``: arguments checked against ``checks``, integral floats given to integer
+    parameters as ints, the result detached as JSON. An ``expected`` exception is the backend's
+    way to tell the model what it got wrong (``message`` words it); anything else is a crash."""
+    validator, known, ints = checks
+    args = dict(call.arguments)
+    extra = sorted(set(args) - known) if known is not None else []
+    if extra:
+        return {"error": f"invalid arguments for {call.name}: unexpected argument {extra[0]!r}"}
+    errors = sorted(validator.iter_errors(args), key=lambda e: (list(e.absolute_path), e.message))
+    if errors:
+        where = ".".join(str(p) for p in errors[0].absolute_path)
+        return {"error": f"invalid arguments for {call.name}: {where + ': ' if where else ''}{errors[0].message}"}
+    for k in ints & set(args):  # JSON Schema accepts 3.0 as an integer; the backend should not see a float
+        if isinstance(args[k], float):
+            args[k] = int(args[k])
+    try:
+        result = run(args)
+    except expected as exc:
+        return {"error": message(exc)}
+    except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
+        return {"error": f"{call.name} failed: {type(exc).__name__}: {exc}"}
+    try:  # detach from live state and guarantee the observation is JSON
+        return json.loads(json.dumps(result))
+    except (TypeError, ValueError) as exc:
+        return {"error": f"{call.name} returned a non-JSON result: {exc}"}
+
 
 @functools.lru_cache(maxsize=None)
-def _tool_entry(cls: type, name: str) -> tuple[jsonschema.protocols.Validator, frozenset[str], frozenset[str]]:
-    """(validator, known parameter names, integer parameter names) for one method; cached
-    because building validators dominates the cost of a call otherwise."""
+def _tool_entry(cls: type, name: str) -> ArgChecks:
+    """The argument checks of one method (every parameter named, so none besides is allowed);
+    cached because building validators dominates the cost of a call otherwise."""
     params = function_spec(getattr(cls, name), name).function.parameters
     validator = jsonschema.Draft202012Validator(params)
     props = params.get("properties", {})
     ints = frozenset(k for k, v in props.items() if v.get("type") == "integer")
     return validator, frozenset(props), ints
-
-
-def _error_message(err: jsonschema.ValidationError) -> str:
-    where = ".".join(str(p) for p in err.absolute_path)
-    return f"{where}: {err.message}" if where else err.message
 
 
 class ExecutableBackend:
@@ -92,27 +120,8 @@ class ExecutableBackend:
         instance = self._tools.get(call.name)
         if instance is None:
             return {"error": f"unknown tool {call.name!r}"}
-        validator, known, ints = _tool_entry(type(instance), call.name)
-        args = dict(call.arguments)
-        extra = sorted(set(args) - known)
-        if extra:
-            return {"error": f"invalid arguments for {call.name}: unexpected argument {extra[0]!r}"}
-        errors = sorted(validator.iter_errors(args), key=lambda e: (list(e.absolute_path), e.message))
-        if errors:
-            return {"error": f"invalid arguments for {call.name}: {_error_message(errors[0])}"}
-        for k in ints & set(args):  # JSON Schema accepts 3.0 as an integer; the domain should not see a float
-            if isinstance(args[k], float):
-                args[k] = int(args[k])
-        try:
-            result = getattr(instance, call.name)(**args)
-        except ToolError as exc:
-            return {"error": str(exc)}
-        except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
-            return {"error": f"{call.name} failed: {type(exc).__name__}: {exc}"}
-        try:  # detach from live state and guarantee the observation is JSON
-            return json.loads(json.dumps(result))
-        except (TypeError, ValueError) as exc:
-            return {"error": f"{call.name} returned a non-JSON result: {exc}"}
+        method = getattr(instance, call.name)
+        return checked_call(call, _tool_entry(type(instance), call.name), lambda args: method(**args), (ToolError,))
 
     def state(self) -> dict[str, Any]:
         return {cname: inst.snapshot() for cname, inst in self.instances.items()}

@@ -71,14 +71,22 @@ def _load(plugins: Iterable[str]) -> None:
     for plugin in absolute_plugins(plugins):
         if plugin in _LOADED:
             continue
-        try:
-            if is_plugin_file(plugin):
-                import_file(plugin)
-            else:
-                importlib.import_module(plugin)
-        except Exception as err:  # ImportError, SyntaxError, a registration error, ...
-            raise ValueError(f"cannot import plugin {plugin!r}: {type(err).__name__}: {err}") from err
+        import_plugin(plugin)
         _LOADED[plugin] = None
+
+
+def import_plugin(plugin: str, kind: str = "plugin") -> None:
+    """Import one plugin of any kind (also ``algo.plugins``' loader): a dotted module name, or the
+    path of a ``.py`` file (``is_plugin_file``, imported once per process by ``import_file``).
+    Any failure becomes a ValueError naming the plugin (``kind`` says what it is, e.g. "estimator
+    plugin"): its traceback may point deep inside it."""
+    try:
+        if is_plugin_file(plugin):
+            import_file(plugin)
+        else:
+            importlib.import_module(plugin)
+    except Exception as err:  # ImportError, SyntaxError, a registration error, ...
+        raise ValueError(f"cannot import {kind} {plugin!r}: {type(err).__name__}: {err}") from err
 
 
 def load_env_plugins() -> bool:
@@ -100,7 +108,7 @@ def plugins_hint() -> str:
 
 
 def import_file(path: str) -> None:
-    """Import the ``.py`` file at ``path`` once per process (also ``algo.plugins``' loader)."""
+    """Import the ``.py`` file at ``path`` once per process."""
     resolved = os.path.realpath(path)
     if resolved in _FILES:
         return
@@ -148,5 +156,5 @@ def config_plugins(value: Iterable[str]) -> PluginList:
     return PluginList(value)
 
 
-__all__ = ["ENV_VAR", "PluginList", "absolute_plugins", "config_plugins", "import_file", "is_plugin_file",
-           "load_env_plugins", "load_plugins", "loaded_plugins", "plugins_hint"]
+__all__ = ["ENV_VAR", "PluginList", "absolute_plugins", "config_plugins", "import_file", "import_plugin",
+           "is_plugin_file", "load_env_plugins", "load_plugins", "loaded_plugins", "plugins_hint"]

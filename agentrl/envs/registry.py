@@ -41,7 +41,7 @@ import jsonschema
 
 from agentrl.envs.base import ToolBackend
 from agentrl.envs.builtin import BUILTIN_CLASSES
-from agentrl.envs.executable import ExecutableBackend
+from agentrl.envs.executable import ArgChecks, ExecutableBackend, checked_call
 from agentrl.envs.plugins import load_env_plugins, plugins_hint
 from agentrl.envs.toolspec import function_spec
 from agentrl.tasks.io import register_task_hook
@@ -174,9 +174,9 @@ def make_backend(task: Task) -> ToolBackend:
 
 
 @functools.lru_cache(maxsize=1024)
-def _validator(parameters: str) -> tuple[jsonschema.protocols.Validator, frozenset[str] | None, frozenset[str]]:
-    """(validator, allowed argument names or None for any, integer argument names) of one
-    parameters schema (its canonical JSON, so it is cached across episodes)."""
+def _validator(parameters: str) -> ArgChecks:
+    """The argument checks of one parameters schema (its canonical JSON, so it is cached across
+    episodes); any argument is allowed unless the schema lists its properties and no others."""
     schema = json.loads(parameters)
     props = schema.get("properties", {})
     closed = "properties" in schema and schema.get("additionalProperties", False) is False
@@ -213,28 +213,9 @@ class PluginSession:
             return self.backend.execute(call)
         if call.name not in self._schemas:
             return {"error": f"unknown tool {call.name!r}"}
-        validator, known, ints = _validator(self._schemas[call.name])
-        args = dict(call.arguments)
-        extra = sorted(set(args) - known) if known is not None else []
-        if extra:
-            return {"error": f"invalid arguments for {call.name}: unexpected argument {extra[0]!r}"}
-        errors = sorted(validator.iter_errors(args), key=lambda e: (list(e.absolute_path), e.message))
-        if errors:
-            where = ".".join(str(p) for p in errors[0].absolute_path)
-            return {"error": f"invalid arguments for {call.name}: {where + ': ' if where else ''}{errors[0].message}"}
-        for k in ints & set(args):  # JSON Schema accepts 3.0 as an integer; the backend should not see a float
-            if isinstance(args[k], float):
-                args[k] = int(args[k])
-        try:
-            result = self.backend.call(call.name, args)
-        except (ValueError, LookupError) as exc:  # the backend's way to say what the model got wrong
-            return {"error": _message(exc)}
-        except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
-            return {"error": f"{call.name} failed: {type(exc).__name__}: {exc}"}
-        try:  # detach from live state and guarantee the observation is JSON
-            return json.loads(json.dumps(result))
-        except (TypeError, ValueError) as exc:
-            return {"error": f"{call.name} returned a non-JSON result: {exc}"}
+        # ValueError/LookupError: the plugin contract's way to say what the model got wrong
+        return checked_call(call, _validator(self._schemas[call.name]), functools.partial(self.backend.call, call.name),
+                            (ValueError, LookupError), _message)
 
     def state(self) -> Any:
         state = getattr(self.backend, "state", None)
