@@ -55,6 +55,7 @@ task sources (--tasks):
 examples:
   agentrl eval --tasks builtin:heldout --model runs/quickstart-20250101-120000/final
   agentrl eval --tasks builtin:heldout --model runs/quickstart-20250101-120000/checkpoint-10 rollout.max_new_tokens=128
+  agentrl eval --tasks builtin:heldout --model agentrl/assets/tiny-agent --samples 8 --temperature 1.0
   agentrl eval --tasks bfcl:all --policy gold
   agentrl eval --tasks tau2:airline --model Qwen/Qwen2.5-0.5B-Instruct tools.sgls.model_path=/models/simulator
 """
@@ -299,7 +300,8 @@ def _eval(args: argparse.Namespace) -> int:
     from agentrl.runtime.evaluate import evaluate
 
     try:
-        return _run(evaluate, config, args.tasks, gold=args.policy == "gold", out_path=args.out, limit=args.limit)
+        return _run(evaluate, config, args.tasks, gold=args.policy == "gold", out_path=args.out, limit=args.limit,
+                    samples=args.samples, temperature=args.temperature)
     except (TaskFileError, ValueError, RuntimeError) as err:
         return _fail(err)
 
@@ -442,9 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_make_model)
 
     p = sub.add_parser("eval", help="score a model (or the gold replay) on a task set",
-                       description="Run every task once (greedy) through the Ray rollout workers and the per-turn\n"
-                                   "checker; print accuracy per category and overall, and write per-entry results\n"
-                                   "as JSONL.\n\n"
+                       description="Run every task (once, greedy, by default) through the Ray rollout workers and\n"
+                                   "the per-turn checker; print accuracy per category and overall, and write\n"
+                                   "per-entry results as JSONL. --samples N --temperature T: N sampled episodes per\n"
+                                   "task (one JSONL line each); accuracy is then the mean over episodes, and pass@N\n"
+                                   "(the share of tasks with at least one success) is printed too.\n\n"
                                    "A model of a training run (RUN/final, RUN/checkpoint-N, or RUN for its final)\n"
                                    "is evaluated with the run's resolved config, RUN/config.yaml: the rollout\n"
                                    "sizes, dtype, chat format and tools it was trained with. --config replaces it;\n"
@@ -457,6 +461,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=["model", "gold"], default="model",
                    help="gold replays the ground truth instead of a model (must score 1.0000)")
     p.add_argument("--limit", type=int, metavar="N", help="only the first N tasks of each category")
+    p.add_argument("--samples", type=int, default=1, metavar="N",
+                   help="episodes per task (default 1); N > 1 needs --temperature > 0")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sampling temperature (default 0 = greedy); top_p is the config's rollout.top_p")
     p.add_argument("--config", metavar="CONFIG",
                    help="YAML config for rollout/runtime settings (default: the run's config.yaml when --model is a "
                         "run's model, else the defaults)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,80 @@ def test_eval_help_lists_every_task_source(capsys):
     for name in [*(f"{p}:" for p in TASK_SOURCES), *SPLIT_SIZES, *_BFCL_CATEGORIES, *_BFCL_SPLITS, "airline", "retail",
                  ".jsonl", ".parquet", "RUN/final", "RUN/checkpoint-N"]:
         assert name in (sources if ":" in name or name.startswith(".") or name in SPLIT_SIZES else text), name
+
+
+# ------------------------------------------------------------------ sampled evaluation (--samples, --temperature)
+
+SHIPPED_MODEL = str(Path(__file__).resolve().parents[1] / "agentrl" / "assets" / "tiny-agent")
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--samples", "3"], "--samples 3 with --temperature 0 (greedy): greedy samples are identical"),
+    (["--samples", "2", "--temperature", "0.0"], "--samples 2 with --temperature 0 (greedy)"),
+    (["--samples", "0", "--temperature", "1.0"], "--samples must be >= 1, got 0"),
+    (["--samples", "-2", "--temperature", "1.0"], "--samples must be >= 1, got -2"),
+    (["--temperature", "-0.5"], "--temperature must be >= 0, got -0.5"),
+    (["--policy", "gold", "--samples", "2", "--temperature", "1.0"], "--policy gold with --samples 2"),
+    (["--policy", "gold", "--samples", "4"], "--policy gold with --samples 4"),
+    (["--policy", "gold", "--temperature", "0.7"], "--policy gold with --temperature 0.7"),
+])
+def test_bad_sampling_flags_exit_2_before_ray(argv, says, tmp_path, capsys, monkeypatch):
+    """Refused before tasks are loaded or Ray starts (init_ray here would fail the test)."""
+    import agentrl.runtime.evaluate as evaluate
+
+    def no_ray(cfg):
+        raise AssertionError("Ray would start")
+
+    monkeypatch.setattr(evaluate, "init_ray", no_ray)
+    out = tmp_path / "r.jsonl"
+    assert main(["eval", "--tasks", "builtin:heldout", "--model", SHIPPED_MODEL, "--out", str(out), *argv]) == 2
+    assert says in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_sampling_defaults_are_greedy_once():
+    from agentrl.cli import build_parser
+    from agentrl.runtime.evaluate import check_sampling
+
+    args = build_parser().parse_args(["eval", "--tasks", "builtin:heldout"])
+    assert (args.samples, args.temperature) == (1, 0.0)
+    for samples, temperature, gold in [(1, 0.0, False), (1, 0.0, True), (1, 0.7, False), (5, 1.0, False)]:
+        check_sampling(samples, temperature, gold)  # accepted
+
+
+def test_pass_at_n_and_settings_line():
+    from agentrl.config import load_config
+    from agentrl.runtime.evaluate import pass_at_n, rollout_settings
+
+    rows = [{"task_id": t, "category": c, "outcome": o}
+            for t, c, o in [("a", "x", 0.0), ("a", "x", 1.0), ("b", "x", 0.0), ("b", "x", 0.0), ("c", "y", 1.0), ("c", "y", 1.0)]]
+    assert pass_at_n(rows) == {"x": (2, 0.5), "y": (1, 1.0), "overall": (3, 2 / 3)}
+    rollout = load_config(None, []).rollout
+    assert rollout_settings(rollout, "float32", False).endswith(
+        "model.dtype=float32 temperature=0.0 (greedy; top_p unused) samples=1")
+    assert rollout_settings(rollout, "float32", False, 3, 1.0).endswith(
+        f"model.dtype=float32 temperature=1.0 top_p={rollout.top_p} samples=3")
+
+
+def test_sampled_eval_writes_every_episode_and_reports_pass_at_n(tiny_model_dir, ray_cluster, tmp_path, capsys):
+    """--samples 3 --temperature 1.0 through vLLM on one task per builtin category: three JSONL
+    lines per task (samples 0, 1, 2), the printed accuracy is the mean over those episodes and
+    pass@3 the share of tasks with at least one success."""
+    out = tmp_path / "sampled.jsonl"
+    code = main(["eval", "--tasks", "builtin:heldout", "--limit", "1", "--model", str(tiny_model_dir),
+                 "--samples", "3", "--temperature", "1.0", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    lines = printed.strip().splitlines()
+    assert "temperature=1.0 top_p=1.0 samples=3" in printed
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    tasks = list(dict.fromkeys(r["task_id"] for r in rows))
+    assert len(tasks) == 3 and len(rows) == 9
+    for t in tasks:
+        assert [r["sample"] for r in rows if r["task_id"] == t] == [0, 1, 2]
+    # sampled, not one greedy episode written three times: some task's samples differ
+    assert any(len({(r["policy_tokens"], r["calls"], r["outcome"]) for r in rows if r["task_id"] == t}) > 1 for t in tasks)
+    mean = sum(r["outcome"] for r in rows) / len(rows)
+    assert lines[-1] == f"overall accuracy: {mean:.4f}"
+    solved = sum(any(r["outcome"] == 1.0 for r in rows if r["task_id"] == t) for t in tasks) / len(tasks)
+    assert f"overall pass@3: {solved:.4f} (3 tasks)" in lines

@@ -1,11 +1,14 @@
 """``agentrl eval``: score a model (or the gold replay) on a task set through the real runtime.
 
-Episodes run in the same Ray rollout workers (vLLM, greedy) and tool pool as training, and
-are checked by the same per-turn checker; an entry passes when every turn passes. Per-entry
-results go to a JSONL file; the console shows accuracy per category and ends with
-``overall accuracy: X.XXXX``. ``--policy gold`` replays each task's ground truth instead of a
-model (no vLLM engine is started): it must score 1.0000, which checks the task import, the
-backend, the checker and the episode loop together.
+Episodes run in the same Ray rollout workers (vLLM) and tool pool as training, and are checked
+by the same per-turn checker; an entry passes when every turn passes. By default each task runs
+once, greedy; ``--samples N --temperature T`` runs N episodes per task sampled at T (top_p:
+``rollout.top_p``). Per-episode results go to a JSONL file (``sample``: 0..N-1); the console shows
+accuracy per category, the mean success over episodes, with N > 1 also pass@N (the share of tasks
+with at least one success), and ends with ``overall accuracy: X.XXXX`` (the mean over episodes).
+``--policy gold`` replays each task's ground truth instead of a model (no vLLM engine is
+started): it must score 1.0000, which checks the task import, the backend, the checker and the
+episode loop together.
 
 The config comes from the CLI (``cli._eval_config``: a training run's own ``config.yaml`` for its
 models); the rollout limits and dtype the workers are then built with are printed, so a score can
@@ -31,11 +34,46 @@ from agentrl.telemetry.summaries import summarize
 GOLD_LIMITS = {"max_new_tokens": 100_000, "max_assistant_messages_per_turn": 64, "max_episode_tokens": 10_000_000}
 
 
-def rollout_settings(rollout: RolloutConfig, dtype: str, gold: bool) -> str:
-    """The limits one episode runs under, as printed before the evaluation."""
+def rollout_settings(rollout: RolloutConfig, dtype: str, gold: bool, samples: int = 1, temperature: float = 0.0) -> str:
+    """The limits and sampling one episode runs under, as printed before the evaluation."""
+    if gold:
+        sampling = f"samples={samples} (the gold replay does not sample)"
+    elif temperature == 0.0:
+        sampling = f"temperature=0.0 (greedy; top_p unused) samples={samples}"
+    else:
+        sampling = f"temperature={temperature} top_p={rollout.top_p} samples={samples}"
     return (f"max_new_tokens={rollout.max_new_tokens} max_episode_tokens={rollout.max_episode_tokens} "
             f"max_assistant_messages_per_turn={rollout.max_assistant_messages_per_turn} "
-            + ("(the gold replay's own limits)" if gold else f"model.dtype={dtype}"))
+            + ("(the gold replay's own limits)" if gold else f"model.dtype={dtype}") + f" {sampling}")
+
+
+def check_sampling(samples: int, temperature: float, gold: bool) -> None:
+    """Refuse ``--samples``/``--temperature`` that cannot mean what they say (ValueError: the CLI exits 2)."""
+    if samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {samples}")
+    if not temperature >= 0.0:  # NaN too
+        raise ValueError(f"--temperature must be >= 0, got {temperature}")
+    if gold and samples != 1:
+        raise ValueError(f"--policy gold with --samples {samples}: the gold replay is deterministic, every sample would "
+                         "be the same episode; use --samples 1")
+    if gold and temperature != 0.0:
+        raise ValueError(f"--policy gold with --temperature {temperature}: the gold replay does not sample; "
+                         "leave --temperature at 0")
+    if samples > 1 and temperature == 0.0:
+        raise ValueError(f"--samples {samples} with --temperature 0 (greedy): greedy samples are identical; "
+                         "give --temperature > 0 (e.g. 1.0) or --samples 1")
+
+
+def pass_at_n(results: list[dict]) -> dict[str, tuple[int, float]]:
+    """{category: (tasks, share of tasks with at least one successful episode)} plus "overall"."""
+    solved: dict[str, dict[str, bool]] = defaultdict(dict)
+    for r in results:
+        tasks = solved[r["category"]]
+        tasks[r["task_id"]] = tasks.get(r["task_id"], False) or r["outcome"] >= 1.0
+    out = {c: (len(v), sum(v.values()) / len(v)) for c, v in sorted(solved.items())}
+    every = [ok for v in solved.values() for ok in v.values()]
+    out["overall"] = (len(every), sum(every) / len(every) if every else 0.0)
+    return out
 
 
 def first_per_category(tasks: list, limit: int | None) -> list:
@@ -53,10 +91,12 @@ def first_per_category(tasks: list, limit: int | None) -> list:
     return out
 
 
-def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path,
-             limit: int | None = None) -> dict[str, tuple[int, float]]:
+def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path, limit: int | None = None,
+             samples: int = 1, temperature: float = 0.0) -> dict[str, tuple[int, float]]:
+    """{category: (episodes, mean success)} plus "overall"; prints the table and writes the JSONL."""
     from agentrl.envs.sources import resolve_task_sources
 
+    check_sampling(samples, temperature, gold)
     tasks = first_per_category(resolve_task_sources(source), limit)  # errors: the CLI reports them
     model_path = resolve_model_path(cfg)
     print(f"agentrl eval: {len(tasks)} tasks from {source}, policy {'gold' if gold else model_path}", flush=True)
@@ -68,32 +108,45 @@ def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path,
         if any(t.backend == "sgls" for t in tasks) and cfg.tools.sgls is None:
             raise ValueError(f"{source} has tasks with backend 'sgls' (LLM-simulated tools): set tools.sgls")
         rollout = cfg.rollout.model_copy(update=GOLD_LIMITS) if gold else cfg.rollout
-        print(f"agentrl eval: {rollout_settings(rollout, cfg.model.dtype, gold)}", flush=True)
+        print(f"agentrl eval: {rollout_settings(rollout, cfg.model.dtype, gold, samples, temperature)}", flush=True)
         side = RolloutSide.create(cfg, model_path, rollout_cfg=rollout, engine=not gold)
         side.start()
-        results = side.evaluate(tasks, gold)
+        # greedy (temperature 0) ignores top_p: 1.0 then, as training's held-out evaluation passes
+        results = side.evaluate(tasks, gold, samples, temperature, rollout.top_p if temperature > 0 else 1.0)
         side.shutdown_workers()
     finally:
         if owns_ray:
             ray.shutdown()
     order = {t.id: i for i, t in enumerate(tasks)}
-    results.sort(key=lambda r: order[r["task_id"]])
+    results.sort(key=lambda r: (order[r["task_id"]], r["sample"]))
     out = Path(out_path)
     _write_results(results, out)
-    summary = summarize(results)
-    print(f"{'category':<16}{'entries':>8}{'accuracy':>10}")
-    for cat, (n, acc) in summary.items():
-        if cat != "overall":
-            print(f"{cat:<16}{n:>8}{acc:>10.4f}")
+    summary = summarize(results)  # mean success over episodes
+    passed = pass_at_n(results) if samples > 1 else {}
+    if samples == 1:
+        print(f"{'category':<16}{'entries':>8}{'accuracy':>10}")
+        for cat, (n, acc) in summary.items():
+            if cat != "overall":
+                print(f"{cat:<16}{n:>8}{acc:>10.4f}")
+    else:
+        head = f"pass@{samples}"
+        print(f"{'category':<16}{'tasks':>8}{'episodes':>10}{'accuracy':>10}{head:>10}")
+        for cat, (n, acc) in summary.items():
+            if cat != "overall":
+                print(f"{cat:<16}{passed[cat][0]:>8}{n:>10}{acc:>10.4f}{passed[cat][1]:>10.4f}")
+        print(f"accuracy: mean success over the {samples} episodes of each task; {head}: share of tasks with at "
+              "least one success")
     for name, rate in behaviour_rates([r["behaviours"] for r in results if "behaviours" in r]).items():
         print(f"behaviour {name}: {rate:.4f}")
     print(f"per-entry results: {out} ({time.perf_counter() - t0:.0f}s)")
+    if samples > 1:
+        print(f"overall pass@{samples}: {passed['overall'][1]:.4f} ({passed['overall'][0]} tasks)")
     print(f"overall accuracy: {summary['overall'][1]:.4f}", flush=True)
     return summary
 
 
 def _write_results(results: list[dict], out: Path) -> None:
-    """One JSON object per entry."""
+    """One JSON object per episode."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as f:
         for r in results:

@@ -256,27 +256,37 @@ class RolloutWorker:
             raise
         return ([s for s, _ in groups], *[g for _, g in groups])
 
-    async def evaluate(self, tasks: list[Task], gold: bool = False) -> list[dict]:
-        """Greedy decoding (or the gold replay), one episode per task; returns per-task results."""
+    async def evaluate(self, tasks: list[Task], gold: bool = False, temperature: float = 0.0, top_p: float = 1.0,
+                       samples: list[int] | None = None) -> list[dict]:
+        """One episode per entry of ``tasks``, greedy by default (or the gold replay); returns
+        per-episode results. ``samples``: each entry's sample index when a task runs several times
+        (``agentrl eval --samples N``: ``tasks`` repeats it, once per index); its episode is tagged
+        ``eval/ID/K`` and its row carries ``"sample": K``. None: one episode per task, tagged
+        ``eval/ID``, sample 0. The sampling seed does not come from the tag: requests carry no seed
+        of their own (``SamplingConfig.seed``), so the samples of a task draw different noise from
+        the engine's generator."""
         from agentrl.engines.vllm_engine import SamplingConfig
 
+        ks = samples if samples is not None else [0] * len(tasks)
+        tags = [f"eval/{t.id}" if samples is None else f"eval/{t.id}/{k}" for t, k in zip(tasks, ks, strict=True)]
         try:
-            eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature=0.0), f"eval/{t.id}", judge=False,
-                                                       gold=gold) for t in tasks])
+            eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature, top_p), tag, judge=False, gold=gold)
+                                         for t, tag in zip(tasks, tags)])
         except Exception as err:
             exit_if_engine_dead(err, self.worker_index)
             raise
         # an episode that could not open its session is left out (scored episodes that ended
         # with ENV_ERROR stay: a failed evaluation episode, visible in its termination)
-        eps, tasks = [e for e in eps if e is not None], [t for e, t in zip(eps, tasks) if e is not None]
+        kept = [(e, t, k) for e, t, k in zip(eps, tasks, ks) if e is not None]
         return [
-            {"task_id": e.task_id, "category": t.category, "outcome": e.rewards["outcome"], "progress": e.rewards["progress"],
+            {"task_id": e.task_id, "sample": k, "category": t.category, "outcome": e.rewards["outcome"],
+             "progress": e.rewards["progress"],
              "turn_passed": e.turn_passed, "n_turns": e.n_turns, "calls": e.n_call_blocks, "valid_calls": e.n_valid_calls,
              "redundant_calls": redundant_calls(e.calls), "termination": e.termination, "policy_tokens": e.n_policy_tokens,
              # SLCA's summary-side measures: an answer without a needed call, the rule score of the answers
              "omission": e.rewards.get("omission", 0.0), "summary_score": e.rewards.get("summary_score"),
              "behaviours": behaviour_counts(t, e.turn_passed, e.calls)}
-            for e, t in zip(eps, tasks)
+            for e, t, k in kept
         ]
 
     def ready(self) -> bool:
