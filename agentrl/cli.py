@@ -464,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=1, metavar="N",
                    help="episodes per task (default 1); N > 1 needs --temperature > 0")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="sampling temperature (default 0 = greedy); top_p is the config's rollout.top_p")
+                   help="sampling temperature (default 0 = greedy), over the full distribution (top_p 1.0)")
     p.add_argument("--config", metavar="CONFIG",
                    help="YAML config for rollout/runtime settings (default: the run's config.yaml when --model is a "
                         "run's model, else the defaults)")

@@ -164,7 +164,7 @@ def test_pass_at_n_and_settings_line():
     assert rollout_settings(rollout, "float32", False).endswith(
         "model.dtype=float32 temperature=0.0 (greedy; top_p unused) samples=1")
     assert rollout_settings(rollout, "float32", False, 3, 1.0).endswith(
-        f"model.dtype=float32 temperature=1.0 top_p={rollout.top_p} samples=3")
+        "model.dtype=float32 temperature=1.0 top_p=1.0 samples=3")
 
 
 def test_sampled_eval_writes_every_episode_and_reports_pass_at_n(tiny_model_dir, ray_cluster, tmp_path, capsys):

@@ -308,6 +308,7 @@ def test_every_estimator_trains_on_real_rollouts(tiny_model_dir, ray_cluster, tm
             assert math.isfinite(m["critic/loss"]), m
 
 
+@pytest.mark.heavy
 def test_a_killed_rollout_worker_tool_actor_or_engine_costs_no_group(tiny_model_dir, ray_cluster, tmp_path, monkeypatch):
     """Four owners die, one per step, and no group is lost or doubled (each step trains its 2 x 4
     episodes once):

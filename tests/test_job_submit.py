@@ -101,6 +101,7 @@ def two_nodes():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@pytest.mark.heavy
 def test_readme_job_submit_runs_rollouts_on_the_rollout_node(two_nodes):
     env, url, tmp = two_nodes
     token = env["RAY_AUTH_TOKEN"]

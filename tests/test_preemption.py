@@ -77,6 +77,7 @@ def test_sigterm_checkpoints_and_resume_auto_continues(tiny_model_dir, ray_clust
     assert [s for s, _ in complete_checkpoints(run)] == [5] and (run / "final").is_dir()
 
 
+@pytest.mark.heavy
 def test_a_lost_learner_stops_the_run_resumably_and_resume_auto_recovers(tiny_model_dir, ray_cluster, tmp_path,
                                                                          monkeypatch):
     """The learner killed during step 2's update: the run stops with EXIT_PREEMPTED (nothing can be

@@ -322,6 +322,7 @@ def _kill_process_group(proc, ray_dir: str) -> list[int]:
 
 @pytest.mark.integration
 @pytest.mark.timeout(2400)
+@pytest.mark.heavy
 def test_a_sigkilled_run_resumes_exactly(tiny_model_dir, ray_cluster, tmp_path):
     """`agentrl train` (a subprocess, checkpoints every 2 steps) is SIGKILLed, with its Ray and
     engines, once step 3 is logged: the newest complete checkpoint is step 2, and step 3 was
@@ -405,6 +406,7 @@ def test_a_sigkilled_run_resumes_exactly(tiny_model_dir, ray_cluster, tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.timeout(2400)
+@pytest.mark.heavy
 def test_async_rods_run_resumed_from_a_checkpoint_continues_bit_for_bit(tiny_model_dir, ray_cluster, tmp_path):
     """train.async_rollouts with RODS: the checkpoint after step 2 holds step 3's rollouts (in
     flight, on the weights before step 2's update) and the pool. A run resumed from it trains step

@@ -20,6 +20,7 @@ from agentrl.tasks.io import save_tasks
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.heavy
 def test_training_mixes_executable_and_sgls_tasks(tiny_model_dir, ray_cluster, tmp_path):
     from agentrl.runtime.driver import train
 

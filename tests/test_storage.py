@@ -240,6 +240,7 @@ def _jsonl(data: bytes | None) -> list[dict]:
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)
+@pytest.mark.heavy
 def test_a_run_checkpoints_into_s3_and_resume_auto_continues_it_elsewhere(tiny_model_dir, ray_cluster, tmp_path,
                                                                         s3_endpoint, monkeypatch):
     """Run A (output folder A) checkpoints steps 2 and 3 into S3 and uploads final/ and its logs;

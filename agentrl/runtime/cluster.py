@@ -275,18 +275,14 @@ class RolloutSide:
         """The call's tasks again, on its (restarted) worker."""
         return call.launch()
 
-    def evaluate(self, tasks: list, gold: bool = False, samples: int = 1, temperature: float = 0.0,
-                 top_p: float = 1.0) -> list[dict]:
+    def evaluate(self, tasks: list, gold: bool = False, samples: int = 1, temperature: float = 0.0) -> list[dict]:
         """Per-episode results over all workers. By default one greedy episode (or the gold replay)
         per task (training's held-out evaluation); ``samples`` > 1: that many episodes per task at
-        ``temperature``/``top_p``, each its own entry to deal to the workers (rows carry ``sample``)."""
-        if samples == 1:
-            calls = [w.evaluate.remote(part, gold, temperature, top_p)
-                     for w, part in zip(self.workers, shard(tasks, len(self.workers))) if part]
-        else:
-            entries = shard([(t, k) for t in tasks for k in range(samples)], len(self.workers))
-            calls = [w.evaluate.remote([t for t, _ in part], gold, temperature, top_p, [k for _, k in part])
-                     for w, part in zip(self.workers, entries) if part]
+        ``temperature``, each (task, sample) its own entry to deal to the workers (rows carry
+        ``sample``; at 1 the worker tags episodes as training's evaluation always has)."""
+        entries = shard([(t, k) for t in tasks for k in range(samples)], len(self.workers))
+        calls = [w.evaluate.remote([t for t, _ in part], gold, temperature, [k for _, k in part] if samples > 1 else None)
+                 for w, part in zip(self.workers, entries) if part]
         return [r for rs in ray.get(calls) for r in rs]
 
     def shutdown_workers(self) -> None:

@@ -2,13 +2,13 @@
 
 Episodes run in the same Ray rollout workers (vLLM) and tool pool as training, and are checked
 by the same per-turn checker; an entry passes when every turn passes. By default each task runs
-once, greedy; ``--samples N --temperature T`` runs N episodes per task sampled at T (top_p:
-``rollout.top_p``). Per-episode results go to a JSONL file (``sample``: 0..N-1); the console shows
-accuracy per category, the mean success over episodes, with N > 1 also pass@N (the share of tasks
-with at least one success), and ends with ``overall accuracy: X.XXXX`` (the mean over episodes).
-``--policy gold`` replays each task's ground truth instead of a model (no vLLM engine is
-started): it must score 1.0000, which checks the task import, the backend, the checker and the
-episode loop together.
+once, greedy; ``--samples N --temperature T`` runs N episodes per task sampled at T over the full
+distribution (top_p 1.0, as in training, whose config refuses a nucleus). Per-episode results go
+to a JSONL file (``sample``: 0..N-1); the console shows accuracy per category, the mean success
+over episodes, with N > 1 also pass@N (the share of tasks with at least one success), and ends
+with ``overall accuracy: X.XXXX`` (the mean over episodes). ``--policy gold`` replays each task's
+ground truth instead of a model (no vLLM engine is started): it must score 1.0000, which checks
+the task import, the backend, the checker and the episode loop together.
 
 The config comes from the CLI (``cli._eval_config``: a training run's own ``config.yaml`` for its
 models); the rollout limits and dtype the workers are then built with are printed, so a score can
@@ -41,7 +41,7 @@ def rollout_settings(rollout: RolloutConfig, dtype: str, gold: bool, samples: in
     elif temperature == 0.0:
         sampling = f"temperature=0.0 (greedy; top_p unused) samples={samples}"
     else:
-        sampling = f"temperature={temperature} top_p={rollout.top_p} samples={samples}"
+        sampling = f"temperature={temperature} top_p=1.0 samples={samples}"
     return (f"max_new_tokens={rollout.max_new_tokens} max_episode_tokens={rollout.max_episode_tokens} "
             f"max_assistant_messages_per_turn={rollout.max_assistant_messages_per_turn} "
             + ("(the gold replay's own limits)" if gold else f"model.dtype={dtype}") + f" {sampling}")
@@ -111,8 +111,7 @@ def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path, limit: 
         print(f"agentrl eval: {rollout_settings(rollout, cfg.model.dtype, gold, samples, temperature)}", flush=True)
         side = RolloutSide.create(cfg, model_path, rollout_cfg=rollout, engine=not gold)
         side.start()
-        # greedy (temperature 0) ignores top_p: 1.0 then, as training's held-out evaluation passes
-        results = side.evaluate(tasks, gold, samples, temperature, rollout.top_p if temperature > 0 else 1.0)
+        results = side.evaluate(tasks, gold, samples, temperature)
         side.shutdown_workers()
     finally:
         if owns_ray:

@@ -256,10 +256,11 @@ class RolloutWorker:
             raise
         return ([s for s, _ in groups], *[g for _, g in groups])
 
-    async def evaluate(self, tasks: list[Task], gold: bool = False, temperature: float = 0.0, top_p: float = 1.0,
+    async def evaluate(self, tasks: list[Task], gold: bool = False, temperature: float = 0.0,
                        samples: list[int] | None = None) -> list[dict]:
         """One episode per entry of ``tasks``, greedy by default (or the gold replay); returns
-        per-episode results. ``samples``: each entry's sample index when a task runs several times
+        per-episode results, sampled over the full distribution (top_p 1.0, as training samples: the
+        config refuses a nucleus). ``samples``: each entry's sample index when a task runs several times
         (``agentrl eval --samples N``: ``tasks`` repeats it, once per index); its episode is tagged
         ``eval/ID/K`` and its row carries ``"sample": K``. None: one episode per task, tagged
         ``eval/ID``, sample 0. The sampling seed does not come from the tag: requests carry no seed
@@ -270,7 +271,7 @@ class RolloutWorker:
         ks = samples if samples is not None else [0] * len(tasks)
         tags = [f"eval/{t.id}" if samples is None else f"eval/{t.id}/{k}" for t, k in zip(tasks, ks, strict=True)]
         try:
-            eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature, top_p), tag, judge=False, gold=gold)
+            eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature), tag, judge=False, gold=gold)
                                          for t, tag in zip(tasks, tags)])
         except Exception as err:
             exit_if_engine_dead(err, self.worker_index)
