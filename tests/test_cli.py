@@ -135,6 +135,8 @@ def test_make_model_wiring(fake_module, tmp_path, capsys):
     (base / "config.json").write_text("{}")
     assert main(["make-model", "--guess-missing", "0.5", "--skip-lookup", "0", "--habit-steps", "10", "--base", str(base)]) == 0
     assert calls[-1][3] == TinyModelRecipe(guess_missing=0.5, skip_lookup=0.0, habit_steps=10) and calls[-1][4] == str(base)
+    assert main(["make-model", "--sft-batch", "8", "--habit-tasks", "100"]) == 0
+    assert calls[-1][3] == TinyModelRecipe(sft_batch=8, habit_tasks=100)
     assert main(["make-model", "--guess-missing", "1.5"]) == 2
     assert "--guess-missing" in capsys.readouterr().err
     assert main(["make-model", "--habit-suite", "nope"]) == 2

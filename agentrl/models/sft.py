@@ -53,7 +53,7 @@ def sft_sequences(tasks: list[Task], formatter: ChatFormatter, max_tokens: int, 
 
     sequences = asyncio.run(build())
     if habits is not None:
-        log(f"tiny model: imperfect teacher: habits fired {fired} in {len(tasks)} demonstrations")
+        log(f"make-model: imperfect teacher: habits fired {fired} in {len(tasks)} demonstrations")
     return sequences
 
 
@@ -79,6 +79,9 @@ def sft(model, sequences, steps: int, lr_at, batch_size: int, seed: int, pad_id:
     model.train()
     losses = []
     t0 = time.time()
+    # Every 20 steps, more often in short runs: a step of a pretrained ~100M model takes a minute or
+    # more on a CPU (make-model --pretrained runs 40), so progress must show within a few.
+    every = min(20, max(1, steps // 20))
     for step in range(steps):
         batch = [sequences[i] for i in rng.choice(buckets)]
         width = max(len(ids) for ids, _ in batch)
@@ -97,7 +100,7 @@ def sft(model, sequences, steps: int, lr_at, batch_size: int, seed: int, pad_id:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
-        if step % 20 == 0 or step == steps - 1:
+        if step % every == 0 or step == steps - 1:
             log(f"  sft step {step + 1}/{steps}  loss {loss.item():.4f}  ({time.time() - t0:.0f}s)")
     model.eval()
     return losses

@@ -14,7 +14,8 @@ The SFT runs until the copy skill has formed (measured: loss ~0.3 -> <0.1 after 
 policy. On 2 cores that takes ~1 h, so the output of the default recipe ships in
 ``agentrl/assets/tiny-agent`` and ``make-model`` copies it when the recipe matches; ``--force``
 rebuilds it from scratch. The result is cached in ``out_dir`` with a stamp of its recipe and
-reused. A second stage continues the SFT on an imperfect teacher (docs/design.md §7).
+reused. A second stage continues the SFT on an imperfect teacher (docs/design.md §7); ``--pretrained``
+runs that stage alone on any pretrained HF model (``models/pretrained.py``).
 """
 
 from __future__ import annotations
@@ -187,19 +188,26 @@ def _as_loaded(tokenizer, model):
         return AutoTokenizer.from_pretrained(tmp)
 
 
-def _stage2(model, tokenizer, recipe: TinyModelRecipe, log) -> float:
-    """Continued SFT on the imperfect teacher's demonstrations of ``recipe.habit_suite``."""
+def stage2(model, formatter: ChatFormatter, max_tokens: int, recipe: TinyModelRecipe, log) -> float:
+    """Continued SFT on the imperfect teacher's demonstrations of ``recipe.habit_suite``, rendered
+    by ``formatter`` (the model's tokenizer and chat format), episodes of at most ``max_tokens``.
+    Also stage 2 of ``make-model --pretrained`` (models/pretrained.py)."""
     import torch
 
     torch.manual_seed(recipe.seed + 1)
     tasks = generate_tasks(recipe.habit_tasks, seed=20_000 + recipe.seed, id_prefix="habit", suite=recipe.habit_suite,
                            exclude=_heldout_keys())
     habits = Habits(guess_missing=recipe.guess_missing, skip_lookup=recipe.skip_lookup, swap_transfer=recipe.swap_transfer)
-    log(f"tiny model: stage 2: {len(tasks)} {recipe.habit_suite}-suite demonstrations by an imperfect teacher ({habits})")
-    sequences = sft_sequences(tasks, ChatFormatter(tokenizer), recipe.max_positions, habits=habits, seed=recipe.seed, log=log)
+    log(f"make-model: stage 2: {len(tasks)} {recipe.habit_suite}-suite demonstrations by an imperfect teacher ({habits})")
+    sequences = sft_sequences(tasks, formatter, max_tokens, habits=habits, seed=recipe.seed, log=log)
+    if not sequences:
+        raise ValueError(f"stage 2: no demonstration fits in {max_tokens} tokens")
     lr = functools.partial(lr_at, steps=recipe.habit_steps, peak=recipe.habit_lr, warmup=recipe.habit_warmup,
                            decay_fraction=0.25, floor=0.1)
-    losses = sft(model, sequences, recipe.habit_steps, lr, recipe.sft_batch, recipe.seed + 1, tokenizer.pad_token_id, log=log)
+    # Padding is masked out of loss and attention, so any id pads; some tokenizers set no pad token.
+    pad = formatter.tokenizer.pad_token_id
+    pad = formatter.end_token_id if pad is None else pad
+    losses = sft(model, sequences, recipe.habit_steps, lr, recipe.sft_batch, recipe.seed + 1, pad, log=log)
     return losses[-1]
 
 
@@ -240,7 +248,8 @@ def make_model(out_dir: str | Path, seed: int = 0, force: bool = False, recipe: 
         model, tokenizer, stamp_data["stage1_sft_loss"] = _stage1(recipe, log)
         stamp_data["stage1_seconds"] = round(time.time() - t0, 1)
         tokenizer = _as_loaded(tokenizer, model)
-    final_loss = _stage2(model, tokenizer, recipe, log) if recipe.habit_steps > 0 else stamp_data.get("stage1_sft_loss")
+    final_loss = (stage2(model, ChatFormatter(tokenizer), recipe.max_positions, recipe, log) if recipe.habit_steps > 0
+                  else stamp_data.get("stage1_sft_loss"))
 
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
