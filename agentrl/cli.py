@@ -288,8 +288,8 @@ def _make_model(args: argparse.Namespace) -> int:
         return _fail(f"{out} is the model shipped with agentrl; build into another folder with --out DIR")
 
     recipe = TinyModelRecipe(seed=args.seed, **{k: v for k, v in vars(args).items() if k in RECIPE_OPTIONS and v is not None})
-    if _recipe_error(recipe):
-        return _fail(_recipe_error(recipe))
+    if err := _recipe_error(recipe):
+        return _fail(err)
     if args.base is not None and not (Path(args.base) / "config.json").exists():
         return _fail(f"--base: no model at {args.base}")
     try:
@@ -333,8 +333,8 @@ def _make_pretrained(args: argparse.Namespace) -> int:
             return _fail(err)
     chosen = {k: v for k, v in vars(args).items() if k in RECIPE_OPTIONS and v is not None}
     recipe = TinyModelRecipe(seed=args.seed, **{**PRETRAINED_DEFAULTS, **chosen})
-    if _recipe_error(recipe):
-        return _fail(_recipe_error(recipe))
+    if err := _recipe_error(recipe):
+        return _fail(err)
     if recipe.habit_steps < 1:
         return _fail("--habit-steps: at least 1 with --pretrained (stage 2 is all it runs)")
     try:
@@ -477,13 +477,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds --reserve waits for Ray (default 30)")
     p.set_defaults(func=_plan)
 
-    p = sub.add_parser("make-model", help="build the tiny local agent model (no hub needed)",
+    p = sub.add_parser("make-model", help="build the tiny local agent model, or warm-start a pretrained one",
                        description="Build the tiny policy model. The output folder is --out, else model.path of\n"
                                    "--config (or the defaults) after KEY=VALUE overrides.\n\n"
                                    "--pretrained DIR: run stage 2 alone (the imperfect teacher) on a pretrained\n"
                                    "HF model, with its own tokenizer and chat template; --out is required and the\n"
                                    "config (and overrides) supply only agent.* (tool format, chat template,\n"
-                                   "system prompt). Defaults marked 'pretrained' are for a ~100M-1B model on a CPU.",
+                                   "system prompt). Defaults marked 'pretrained' are for a ~100M model on a CPU.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", metavar="DIR", help="output folder (default: config model.path; required with --pretrained)")
     p.add_argument("--config", metavar="CONFIG", help="take model.path (with --pretrained: agent.*) from this config")
@@ -492,7 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pretrained", metavar="DIR",
                    help="run stage 2 alone on this pretrained HF model folder, with its own tokenizer")
     p.add_argument("--sft-steps", type=int, help="stage 1: gold SFT steps on the full builtin suite (default 2500)")
-    p.add_argument("--sft-batch", type=int, help="sequences per SFT step, both stages (default 16; pretrained 4)")
+    p.add_argument("--sft-batch", type=int,
+                   help="sequences per SFT step, both stages (default 16; pretrained 4); with --base, the base's own")
     p.add_argument("--habit-suite", help="stage 2: suite of the imperfect teacher's demonstrations (default bank)")
     p.add_argument("--habit-tasks", type=int, help="stage 2: demonstrations generated (default 4000; pretrained 400)")
     p.add_argument("--habit-steps", type=int,

@@ -26,7 +26,7 @@ def test_pretrained_stage2_end_to_end(tmp_path, capsys):
 
     out = tmp_path / "warm"
     args = ["make-model", "--pretrained", str(SHIPPED), "--out", str(out), "--habit-steps", "2", "--habit-tasks", "8",
-            "--sft-batch", "2"]
+            "--sft-batch", "2", "agent.system_prompt=You are a careful bank assistant."]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "habits fired" in printed and "sft step 2/2" in printed
@@ -45,6 +45,8 @@ def test_pretrained_stage2_end_to_end(tmp_path, capsys):
     assert (recipe["habit_steps"], recipe["habit_tasks"], recipe["sft_batch"]) == (2, 8, 2)
     assert recipe["habit_lr"] == 2e-5 and "sft_steps" not in recipe  # the pretrained default; no stage 1
     assert math.isfinite(stamp["final_sft_loss"]) and stamp["seconds"] > 0
+    # the override is the agent config the demonstrations were rendered with, recorded in the stamp
+    assert recipe["agent"]["system_prompt"] == "You are a careful bank assistant."
 
     assert main(args) == 0  # same source and recipe: reused, not retrained
     assert "reusing" in capsys.readouterr().out

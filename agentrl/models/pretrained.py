@@ -15,22 +15,26 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from agentrl.agent.chat import formatter_for
+from agentrl.config.schema import AgentConfig
 from agentrl.models.tiny_model import STAGE1_FIELDS, STAMP, TinyModelRecipe, _recipe_of, stage2
 
-# Stage-2 settings for a pretrained model (~100M-1B parameters, trained on a CPU), used where the
+# Stage-2 settings for a pretrained model (~100M parameters, trained on a CPU), used where the
 # user sets none. The tiny recipe's (peak lr 5e-4, 400 steps of 16) trains a 2M model that learnt
 # everything in stage 1; a pretrained model already writes ChatML and tool calls, so the usual
 # full-fine-tuning rate at this size (2e-5) plants the habits without wiping what it knows. Steps
 # are costly on a CPU: one step of one ~400-token demonstration of SmolLM2-135M took 73 s on 2
-# busy cores, so 40 steps of 4 are about an hour or more on 2 cores. They draw at most 160
+# busy cores, so 40 steps of 4 take at least 50 minutes there, more if a step's time grows with
+# its batch (not measured yet). They draw at most 160
 # demonstrations: 400 are plenty, 4,000 would only cost time to render. Warm-up 4 steps: the
 # tiny recipe's 20 would be half the run. (Whether 40 steps plant the habits as firmly as the
 # tiny recipe's 400 is not measured yet.)
 PRETRAINED_DEFAULTS = {"habit_steps": 40, "habit_lr": 2e-5, "sft_batch": 4, "habit_tasks": 400, "habit_warmup": 4}
 # Longest demonstration trained on (longer ones are dropped): the model's max_position_embeddings,
-# capped at the tiny model's context, which is also the engine's default max_model_len. Bank-suite
-# demonstrations in SmolLM2's template are ~420 tokens (median) and up to ~1,250, so the cap drops
-# none; it keeps an 8k- or 128k-context model from training on episodes no rollout would produce.
+# capped at the tiny model's context, which is also the engine's default max_model_len. The imperfect
+# teacher's bank-suite demonstrations in SmolLM2's template are up to ~1,250 tokens (40 sampled;
+# the gold held-out episodes: 420 at the median, 1005 at most), so the cap drops none; it keeps an
+# 8k- or 128k-context model from training on episodes no rollout would produce.
 MAX_TOKENS = 2048
 
 
@@ -50,15 +54,13 @@ def make_pretrained(source: str | Path, out_dir: str | Path, recipe: TinyModelRe
     source, out = Path(source).resolve(), Path(out_dir)
     used = {k: v for k, v in asdict(recipe).items() if k not in STAGE1_FIELDS or k in ("seed", "sft_batch")}
     used.update(pretrained=str(source), max_tokens=max_tokens_of(source),
-                agent=agent_cfg.model_dump() if agent_cfg is not None else None)
+                agent=(agent_cfg or AgentConfig()).model_dump())  # no config and defaults: one stamp
     if not force and _recipe_of(out) == used:
         log(f"make-model: reusing {out} (same pretrained model and recipe; --force rebuilds)")
         return out
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from agentrl.agent.chat import formatter_for
 
     t0 = time.time()
     tokenizer = AutoTokenizer.from_pretrained(source)
