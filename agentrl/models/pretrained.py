@@ -21,11 +21,11 @@ from agentrl.models.tiny_model import STAGE1_FIELDS, STAMP, TinyModelRecipe, _re
 
 # Stage-2 settings for a pretrained model (~100M parameters, trained on a CPU), used where the
 # user sets none. The tiny recipe's (peak lr 5e-4, 400 steps of 16) trains a 2M model that learnt
-# everything in stage 1; a pretrained model already writes ChatML and tool calls, so the usual
-# full-fine-tuning rate at this size (2e-5) plants the habits without wiping what it knows. Steps
-# are costly on a CPU: steps of 4 SmolLM2-135M demonstrations took 19, 72 and 11 s on 2 quiet
-# cores (batches are drawn by length, so their cost varies), so 40 steps of 4 take roughly 20-50
-# minutes there. They draw at most 160
+# everything in stage 1; a pretrained model already writes ChatML (SmolLM2-135M made no tool call
+# zero-shot, though), so the usual full-fine-tuning rate at this size (2e-5) is meant to teach the
+# format and the habits without wiping what it knows. Steps are costly on a CPU: steps of 4
+# SmolLM2-135M demonstrations took 19, 72 and 11 s on 2 quiet cores (batches are drawn by length,
+# so their cost varies), so 40 steps of 4 take roughly 20-50 minutes there. They draw at most 160
 # demonstrations: 400 are plenty, 4,000 would only cost time to render. Warm-up 4 steps: the
 # tiny recipe's 20 would be half the run. (Whether 40 steps plant the habits as firmly as the
 # tiny recipe's 400 is not measured yet.)

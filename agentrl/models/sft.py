@@ -79,8 +79,8 @@ def sft(model, sequences, steps: int, lr_at, batch_size: int, seed: int, pad_id:
     model.train()
     losses = []
     t0 = time.time()
-    # Every 20 steps, more often in short runs: a step of a pretrained ~100M model takes a minute or
-    # more on a CPU (make-model --pretrained runs 40), so progress must show within a few.
+    # Every 20 steps, more often in short runs: a step of a pretrained ~100M model takes up to a
+    # minute on a CPU (make-model --pretrained runs 40), so progress must show within a few.
     every = min(20, max(1, steps // 20))
     for step in range(steps):
         batch = [sequences[i] for i in rng.choice(buckets)]
