@@ -27,6 +27,33 @@ def test_gold_replay_scores_one_on_builtin_heldout(placement, tiny_model_dir, ra
         assert any(line.split() == [cat, "4", "1.0000"] for line in printed)
 
 
+def test_a_long_evaluation_reports_its_progress(tiny_model_dir, ray_cluster):
+    """While episodes run, the driver polls the workers' tallies (the gold replay, polled every
+    millisecond): counts only grow, never pass the total, and the worker's tally ends equal to what
+    ``evaluate`` returned."""
+    import ray
+
+    from agentrl.config import load_config
+    from agentrl.envs.builtin.generator import builtin_split
+    from agentrl.runtime.cluster import RolloutSide
+    from agentrl.runtime.evaluate import GOLD_LIMITS
+
+    cfg = load_config(None, [f"model.path={tiny_model_dir}"])
+    side = RolloutSide.create(cfg, str(tiny_model_dir), rollout_cfg=cfg.rollout.model_copy(update=GOLD_LIMITS),
+                              engine=False)
+    try:
+        side.start()
+        tasks = [t for t in builtin_split("heldout") if t.turns[0].gold][:6]
+        seen = []
+        results = side.evaluate(tasks, gold=True, progress=lambda *p: seen.append(p), progress_every_s=0.001)
+        assert len(results) == 6 and all(r["outcome"] == 1.0 for r in results)
+        assert ray.get(side.workers[0].eval_progress.remote()) == (6, 6.0)
+        assert seen and all(total == 6 and 0 <= done <= 6 for done, total, _ in seen)
+        assert [done for done, _, _ in seen] == sorted(done for done, _, _ in seen)
+    finally:
+        side.shutdown_workers()
+
+
 @pytest.mark.parametrize(("argv", "says"), [
     (["--tasks", "builtin:nope"], "unknown task source 'builtin:nope'"),
     (["--tasks", "builtin:heldout", "--limit", "0"], "--limit must be >= 1"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,11 @@ class RolloutCall:
         summaries = ray.get(self.ref, timeout=timeout)
         return summaries, [GroupRef(ref, s.version, s.task_id) for s, ref in zip(summaries, self.group_refs, strict=True)
                            if s.outcome]  # a group every episode of which was dropped is None
+
+
+# how often a long evaluation reports how far it is (a person watching a run otherwise sees
+# nothing for the minutes a 200-task evaluation of a pretrained model takes on CPU)
+EVAL_PROGRESS_EVERY_S = 60.0
 
 
 def shard(items: list, n: int) -> list[list]:
@@ -275,14 +281,28 @@ class RolloutSide:
         """The call's tasks again, on its (restarted) worker."""
         return call.launch()
 
-    def evaluate(self, tasks: list, gold: bool = False, samples: int = 1, temperature: float = 0.0) -> list[dict]:
+    def evaluate(self, tasks: list, gold: bool = False, samples: int = 1, temperature: float = 0.0,
+                 progress: Callable[[int, int, float], None] | None = None,
+                 progress_every_s: float = EVAL_PROGRESS_EVERY_S) -> list[dict]:
         """Per-episode results over all workers. By default one greedy episode (or the gold replay)
         per task (training's held-out evaluation); ``samples`` > 1: that many episodes per task at
         ``temperature``, each (task, sample) its own entry to deal to the workers (rows carry
-        ``sample``; at 1 the worker tags episodes as training's evaluation always has)."""
+        ``sample``; at 1 the worker tags episodes as training's evaluation always has).
+
+        ``progress(finished, total, mean outcome so far)`` is called every ``progress_every_s``
+        while episodes are still running (a 200-task evaluation of a 135M model takes minutes)."""
         entries = shard([(t, k) for t in tasks for k in range(samples)], len(self.workers))
+        used = [(w, part) for w, part in zip(self.workers, entries) if part]
         calls = [w.evaluate.remote([t for t, _ in part], gold, temperature, [k for _, k in part] if samples > 1 else None)
-                 for w, part in zip(self.workers, entries) if part]
+                 for w, part in used]
+        total = sum(len(part) for _, part in used)
+        while progress is not None:
+            finished, _ = ray.wait(calls, num_returns=len(calls), timeout=progress_every_s)
+            if len(finished) == len(calls):
+                break
+            tallies = ray.get([w.eval_progress.remote() for w, _ in used])
+            done, outcome = sum(n for n, _ in tallies), sum(s for _, s in tallies)
+            progress(done, total, outcome / done if done else 0.0)
         return [r for rs in ray.get(calls) for r in rs]
 
     def shutdown_workers(self) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import ray
@@ -48,7 +49,7 @@ from agentrl.runtime.scheduler import RolloutScheduler
 from agentrl.runtime.task_sources import TaskSampler, load_task_sources, start_synthesis_actor
 from agentrl.runtime.trajectory_writer import Trajectories
 from agentrl.telemetry.metrics import MetricsSink
-from agentrl.telemetry.progress import ProgressLine, eval_table
+from agentrl.telemetry.progress import ProgressLine, eval_table, print_eval_progress
 from agentrl.telemetry.summaries import eval_metrics, step_metrics
 from agentrl.telemetry.timeline import Timeline
 from agentrl.telemetry.trackers import check_trackers
@@ -113,7 +114,7 @@ class Trainer:
         self.settle()
         t0 = time.perf_counter()
         with self.timeline.span("eval", tasks=len(self.heldout)):
-            results = self.rollout_side.evaluate(self.heldout)
+            results = self.rollout_side.evaluate(self.heldout, progress=partial(print_eval_progress, "held-out", t0))
         return eval_metrics(results, time.perf_counter() - t0)
 
     def settle(self, discard_pending: bool = False) -> None:

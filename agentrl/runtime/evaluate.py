@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import ray
@@ -27,6 +28,7 @@ import ray
 from agentrl.config.schema import Config, RolloutConfig
 from agentrl.rewards.behaviours import behaviour_rates
 from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
+from agentrl.telemetry.progress import print_eval_progress
 from agentrl.telemetry.summaries import summarize
 
 # The gold replay is not a model: give it room for long-context tool outputs and every gold step
@@ -111,7 +113,7 @@ def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path, limit: 
         print(f"agentrl eval: {rollout_settings(rollout, cfg.model.dtype, gold, samples, temperature)}", flush=True)
         side = RolloutSide.create(cfg, model_path, rollout_cfg=rollout, engine=not gold)
         side.start()
-        results = side.evaluate(tasks, gold, samples, temperature)
+        results = side.evaluate(tasks, gold, samples, temperature, progress=partial(print_eval_progress, "agentrl eval", t0))
         side.shutdown_workers()
     finally:
         if owns_ray:

@@ -270,9 +270,16 @@ class RolloutWorker:
 
         ks = samples if samples is not None else [0] * len(tasks)
         tags = [f"eval/{t.id}" if samples is None else f"eval/{t.id}/{k}" for t, k in zip(tasks, ks, strict=True)]
+        self.eval_tally = [0, 0.0]  # episodes finished, their summed outcome: read by eval_progress
+
+        async def counted(task: Task, tag: str):
+            episode = await self._episode(task, SamplingConfig(temperature), tag, judge=False, gold=gold)
+            self.eval_tally[0] += 1
+            self.eval_tally[1] += episode.rewards["outcome"] if episode is not None else 0.0
+            return episode
+
         try:
-            eps = await asyncio.gather(*[self._episode(t, SamplingConfig(temperature), tag, judge=False, gold=gold)
-                                         for t, tag in zip(tasks, tags)])
+            eps = await asyncio.gather(*[counted(t, tag) for t, tag in zip(tasks, tags)])
         except Exception as err:
             exit_if_engine_dead(err, self.worker_index)
             raise
@@ -289,6 +296,11 @@ class RolloutWorker:
              "behaviours": behaviour_counts(t, e.turn_passed, e.calls)}
             for e, t, k in kept
         ]
+
+    def eval_progress(self) -> tuple[int, float]:
+        """(episodes finished, their summed outcome) in the ``evaluate`` call under way, or in the
+        last one: the actor is async, so this is answered while ``evaluate`` runs."""
+        return tuple(getattr(self, "eval_tally", (0, 0.0)))
 
     def ready(self) -> bool:
         """Whether the engine is built (False after Ray restarted this actor, until ``start``)."""

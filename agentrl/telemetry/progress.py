@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -46,6 +47,13 @@ def format_step(step: int, total: int | None, metrics: Mapping[str, Any]) -> str
     if lag is not None and math.isfinite(lag):
         parts.append(f"lag {lag:g}")
     return " | ".join(parts)
+
+
+def print_eval_progress(label: str, t0: float, done: int, total: int, success: float) -> None:
+    """``held-out: 60/200 episodes, success so far 0.15 (120s)``: a long evaluation's heartbeat
+    (``t0``: its ``time.perf_counter()`` start)."""
+    print(f"{label}: {done}/{total} episodes, success so far {success:.2f} ({time.perf_counter() - t0:.0f}s)",
+          flush=True)
 
 
 def _is_tty(file: TextIO) -> bool:
