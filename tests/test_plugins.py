@@ -139,6 +139,31 @@ def test_a_plugin_session_validates_arguments_and_never_raises():
     assert only_read.execute(ToolCall(name="add", arguments={"n": 1})) == {"error": "unknown tool 'add'"}
 
 
+def test_a_session_ends_with_the_backends_own_close_and_a_failing_close_is_reported(capsys):
+    """A backend holding a resource (a connection, a subprocess) defines close(); the episode's
+    session calls it when the episode ends (the pool actor's close runs the same close_sync).
+    A close() that raises is printed with the task and backend, not raised: the episode is over."""
+    import asyncio
+
+    closed = []
+
+    class Closing(Counter):
+        def close(self):
+            closed.append(self.value)
+            if self.value == 13:
+                raise OSError("socket already gone")
+
+    session = LocalEnvSession(_task())
+    session.backend.backend = Closing(_task(initial_state={"value": 3}))
+    asyncio.run(session.close())
+    assert closed == [3]
+    session.backend.backend = Closing(_task(initial_state={"value": 13}))
+    session.close_sync()
+    assert closed == [3, 13]
+    assert "task 'c1': backend 'test-counter' close() failed: OSError: socket already gone" in capsys.readouterr().out
+    LocalEnvSession(_task()).close_sync()  # no close(): nothing to call
+
+
 def test_a_reward_scored_task_needs_no_gold_and_is_scored_by_its_function():
     task = _task()
     assert reward_name(task) == "test-counter-goal"  # the backend's default
@@ -328,6 +353,8 @@ def test_a_tool_pool_actor_finds_the_plugin_through_agentrl_plugins(ray_cluster,
         call = ToolCall(name="put", arguments={"key": "session", "value": "abc123", "ttl": 60})
         assert ray.get(actor.execute.remote("s1", [call])) == [{"key": "session", "stored": "abc123", "ttl": 60}]
         assert ray.get(actor.end_turn.remote("s1", 0, []))  # a reward-scored task: a closed turn passes
+        ray.get(actor.close.remote("s1"))  # the kvstore has no close(): the session is just dropped
+        assert ray.get(actor.stats.remote())["open_sessions"] == 0
     finally:
         ray.kill(actor)
 

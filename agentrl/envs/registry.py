@@ -225,6 +225,18 @@ class PluginSession:
                             "reward=...)) or give the backend a state() method")
         return state()
 
+    def close(self) -> None:
+        """The plugin's own ``close()``, if it has one (a connection, a subprocess, a container to
+        release), when the episode ends. Its failure is printed, not raised: the episode is over."""
+        close = getattr(self.backend, "close", None)
+        if close is None:
+            return
+        try:
+            close()
+        except Exception as err:  # noqa: BLE001 - reported; the episode's result stands
+            print(f"task {self.task.id!r}: backend {self.task.backend!r} close() failed: {type(err).__name__}: {err}",
+                  flush=True)
+
     def _closed_turn_passes(self, turn_index: int, turn_results: Sequence, all_results: Sequence) -> "ClosedTurn":
         return ClosedTurn()
 

@@ -49,5 +49,12 @@ class LocalEnvSession:
     async def end_turn(self, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
         return self.end_turn_sync(turn_index, results)
 
+    def close_sync(self) -> None:
+        """The backend's ``close()``, for backends that hold resources (plugins may define one)."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+
     async def close(self) -> None:
-        """Nothing to release (the pool's ``RemoteEnvSession.close`` frees the actor's copy)."""
+        """Release the backend (the pool's ``RemoteEnvSession.close`` does it on the actor's copy)."""
+        self.close_sync()

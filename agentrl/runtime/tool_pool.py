@@ -64,7 +64,9 @@ class ToolBackendActor:
         return self._session(session_id).end_turn_sync(turn_index, results)
 
     def close(self, session_id: str) -> None:
-        self.sessions.pop(session_id, None)
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            session.close_sync()
 
     def stats(self) -> dict[str, int]:
         return {"open_sessions": len(self.sessions), "opened": self.opened, "calls": self.calls}

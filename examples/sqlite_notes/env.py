@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections import Counter
+from contextlib import closing
 
 from agentrl.envs.registry import register_backend
 from agentrl.rewards.registry import Score, final_backend, register_reward
@@ -82,6 +83,10 @@ class NotesDB:
     def call(self, name: str, arguments: dict):
         return getattr(self, name)(**arguments)
 
+    def close(self) -> None:
+        """Called by agentrl when the episode ends (and by the reward below on its replay)."""
+        self.db.close()
+
     # ------------------------------------------------------------------ for the reward
 
     def snapshot(self) -> list[dict]:
@@ -108,7 +113,8 @@ def goal_checks(initial: list[dict], final: list[dict], goal: dict) -> list[bool
 
 def notes_goal(episode, task) -> Score:
     initial = (task.initial_state or {}).get("notes", [])
-    checks = goal_checks(initial, final_backend(episode, task).snapshot(), task.metadata)
+    with closing(final_backend(episode, task)) as notes:  # the replayed copy is ours to close
+        checks = goal_checks(initial, notes.snapshot(), task.metadata)
     checks.append(episode.termination == "done")
     return Score(outcome=float(all(checks)), process=sum(checks) / len(checks))
 
