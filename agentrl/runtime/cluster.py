@@ -300,7 +300,10 @@ class RolloutSide:
             finished, _ = ray.wait(calls, num_returns=len(calls), timeout=progress_every_s)
             if len(finished) == len(calls):
                 break
-            tallies = ray.get([w.eval_progress.remote() for w, _ in used])
+            try:
+                tallies = ray.get([w.eval_progress.remote() for w, _ in used])
+            except ray.exceptions.RayError:
+                break  # a worker died: the ray.get below raises its evaluate call's error
             done, outcome = sum(n for n, _ in tallies), sum(s for _, s in tallies)
             progress(done, total, outcome / done if done else 0.0)
         return [r for rs in ray.get(calls) for r in rs]
