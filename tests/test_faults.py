@@ -200,6 +200,26 @@ def test_dropped_episodes_are_counted_and_in_no_other_number():
     assert m["train/episodes"] == 3 and m["train/success"] == pytest.approx(2 / 3) and m["reward/process"] == 0.5
 
 
+@pytest.mark.integration
+def test_a_step_with_no_group_to_learn_from_says_so(ray_cluster, tiny_model_dir, capsys):
+    """Every episode of a step dropped (or every group too stale): phase 3 finds the real replay
+    buffer empty, runs no update, keeps the version, and prints why (the step line alone would
+    look like any other)."""
+    from types import SimpleNamespace
+
+    from agentrl.config import load_config
+    from agentrl.runtime.driver import Trainer
+    from agentrl.runtime.replay_buffer import ReplayBuffer
+
+    cfg = load_config(None, [f"model.path={tiny_model_dir}"])
+    prefetched = []
+    host = SimpleNamespace(cfg=cfg, buffer=ReplayBuffer.remote(8, 1), version=3, deadline=None,
+                           scheduler=SimpleNamespace(prefetch=lambda step, until: prefetched.append((step, until))))
+    assert Trainer._learn(host, 5, 0, False, {}) == ({}, False)
+    assert host.version == 3 and prefetched == [(6, cfg.train.steps)]
+    assert "step 5: no group to learn from" in capsys.readouterr().out
+
+
 def test_keep_trainable_drops_failed_environments():
     from types import SimpleNamespace
 

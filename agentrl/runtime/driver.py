@@ -191,6 +191,10 @@ class Trainer:
         out_of_time = self.deadline is not None and time.perf_counter() > self.deadline
         self.scheduler.prefetch(step + 1, until=step if last or out_of_time else self.cfg.train.steps)
         learn = self._await_learner(learning, step) if learning is not None else {}
+        if not refs:  # said, since the step line alone would look like any other
+            print(f"step {step}: no group to learn from (every episode dropped, or every group older than "
+                  f"buffer.max_staleness={self.cfg.buffer.max_staleness}); no update, the policy stays at "
+                  f"version {self.version}", flush=True)
         self.version += 1 if refs else 0
         timings["learn"] = time.perf_counter() - t0
         return learn, bool(refs)
