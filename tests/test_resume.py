@@ -40,8 +40,10 @@ def _run_dir(tmp_path: Path, *overrides: str) -> Path:
 def test_resume_accepts_only_overrides_that_leave_the_math_alone(tmp_path):
     run = _run_dir(tmp_path)
     cfg = load_resume_config(run, ["train.steps=40", "telemetry.tensorboard=false", "train.eval_every=5",
-                                   "runtime.num_cpus=8", "learner.lr=1e-4"])  # the same lr: no change
+                                   "runtime.num_cpus=8", "learner.lr=1e-4",  # the same lr: no change
+                                   "learner.micro_batch_size=1"])  # a memory lever: the same update
     assert cfg.train.steps == 40 and not cfg.telemetry.tensorboard and cfg.learner.lr == 1e-4
+    assert cfg.learner.micro_batch_size == 1
     assert cfg.model.path == str(SHIPPED_MODEL)  # the original model stays the reference
     for override, key in [("learner.lr=1e-3", "learner.lr"), (f"model.path={tmp_path}", "model.path"),
                           ("rollout.group_size=2", "rollout.group_size"), ("run.seed=3", "run.seed"),

@@ -30,6 +30,10 @@ RESUMABLE = (
     "runtime.tool_call_timeout_s",
     # the engines' size and layout: the same sampling distribution on other devices
     "rollout.engine.kv_cache_gib", "rollout.engine.tensor_parallel_size",
+    # the learner's memory levers: the loss is normalized over the whole mini-batch, so splitting
+    # it into other micro-batches gives the same update up to rounding (a run near its memory
+    # limit resumes with smaller ones)
+    "learner.micro_batch_size", "learner.max_tokens_per_micro_batch",
 )
 
 
