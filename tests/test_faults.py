@@ -185,6 +185,29 @@ def test_a_worker_restarted_while_idle_is_revived_before_the_weights_load(monkey
     assert s.pop_recoveries()["recovery/worker_restarts"] == 1.0
 
 
+def test_a_worker_that_dies_again_while_rebuilt_stops_the_run_resumably(monkeypatch):
+    """The load fails, the restarted worker is rebuilt, and the load fails again (Ray's memory
+    monitor killed it twice in a row on a SmolLM2 run): not an unexplained crash but
+    ``ResumableFailure`` (exit 75, ``--resume auto``), naming the version and the error."""
+    from agentrl.api import EngineNotStarted
+    from agentrl.runtime.preemption import ResumableFailure
+
+    class EveryLoadFails(Engines):
+        def sync(self, version):
+            self.loads.append("failed")
+            raise EngineNotStarted("restarted") if len(self.loads) == 1 else Dead("killed again")
+
+    monkeypatch.setattr(scheduler_mod, "ray", FakeRay)
+    engines = EveryLoadFails()
+    s = RolloutScheduler({1: [Call(0, ["a"])]}.get, engines, False, revive=lambda w: 1.0, reissue=relaunch,
+                         revive_restarted=lambda: [("w0", "policy")])
+    s.take(1)
+    with pytest.raises(ResumableFailure, match=r"weight load of v1 failed again after 1 rollout worker\(s\) were "
+                                               r"rebuilt \(Dead: killed again\)"):
+        s.updated(1)
+    assert engines.loads == ["failed", "failed"] and s.version == 0
+
+
 def _summary(outcomes: list[float], failures: int = 0) -> GroupSummary:
     return GroupSummary("t", 0, outcomes, outcomes, {"process": 0.5} if outcomes else {}, 10 * len(outcomes), 0, 0, 0,
                         1.0, 0.0, 1.0, env_failures=failures)

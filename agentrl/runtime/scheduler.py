@@ -290,10 +290,17 @@ class RolloutScheduler:
                 raise ResumableFailure(f"the weight load of v{version} failed ({type(err).__name__}: {err}) with every "
                                        "rollout worker alive: the learner is lost") from err
             self.recoveries["worker_restarts"] += len(revived)
-            self._weight_sync.sync(version)
-            for worker, role in revived:
-                if role == EXPLORER:  # the explorer's weights travel only when re-derived: give them now
-                    self._weight_sync.load_into(worker, role, version)
+            try:
+                self._weight_sync.sync(version)
+                for worker, role in revived:
+                    if role == EXPLORER:  # the explorer's weights travel only when re-derived: give them now
+                        self._weight_sync.load_into(worker, role, version)
+            except (ray.exceptions.RayActorError, EngineNotStarted) as again:
+                # died again while its engine was rebuilt (seen: Ray's memory monitor killing it twice
+                # while the learner held its peak): what killed it is still there, so stop resumably
+                raise ResumableFailure(f"the weight load of v{version} failed again after {len(revived)} rollout "
+                                       f"worker(s) were rebuilt ({type(again).__name__}: {again}): a worker keeps "
+                                       "dying (out of memory? `ray logs raylet.out` says)") from again
         self.version = version
 
 
