@@ -121,6 +121,7 @@ class RolloutWorker:
         self.agent_cfg = agent_cfg
         self.judge = None  # ChatClient, built in start() when rewards.summary = judge
         self.hierr = HierRWeights(**rewards_cfg.hierr.model_dump()) if rewards_cfg is not None else HierRWeights()
+        self.eval_tally = [0, 0.0]  # in the evaluate call under way (or the last): episodes finished, summed outcome
 
     async def start(self, engine: bool = True) -> float:
         """Build the engine inside the actor's event loop (vLLM's async engine needs one).
@@ -270,7 +271,7 @@ class RolloutWorker:
 
         ks = samples if samples is not None else [0] * len(tasks)
         tags = [f"eval/{t.id}" if samples is None else f"eval/{t.id}/{k}" for t, k in zip(tasks, ks, strict=True)]
-        self.eval_tally = [0, 0.0]  # episodes finished, their summed outcome: read by eval_progress
+        self.eval_tally = [0, 0.0]  # this call's; read by eval_progress while it runs
 
         async def counted(task: Task, tag: str):
             episode = await self._episode(task, SamplingConfig(temperature), tag, judge=False, gold=gold)
@@ -300,7 +301,7 @@ class RolloutWorker:
     def eval_progress(self) -> tuple[int, float]:
         """(episodes finished, their summed outcome) in the ``evaluate`` call under way, or in the
         last one: the actor is async, so this is answered while ``evaluate`` runs."""
-        return tuple(getattr(self, "eval_tally", (0, 0.0)))
+        return tuple(self.eval_tally)
 
     def ready(self) -> bool:
         """Whether the engine is built (False after Ray restarted this actor, until ``start``)."""
