@@ -20,28 +20,45 @@ REPO = Path(__file__).resolve().parents[1]
 SMOLLM2 = REPO / ".cache" / "models" / "smollm2-135m-instruct"
 
 
+def _without_pad_token(src: Path, dst: Path) -> Path:
+    """A copy of the model folder whose tokenizer sets no pad token (as many pretrained ones do)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shutil.copytree(src, dst)
+    tok = AutoTokenizer.from_pretrained(src)
+    tok.pad_token = None
+    tok.save_pretrained(dst)
+    return dst
+
+
 def test_pretrained_stage2_end_to_end(tmp_path, capsys):
+    """Also the no-pad-token path: the source is the shipped model with its pad token removed, so
+    stage 2 must pad with the end token (padding is masked: tests/test_sft.py shows any id pads)."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    source = _without_pad_token(SHIPPED, tmp_path / "source")
+    assert AutoTokenizer.from_pretrained(source).pad_token_id is None
     out = tmp_path / "warm"
-    args = ["make-model", "--pretrained", str(SHIPPED), "--out", str(out), "--habit-steps", "2", "--habit-tasks", "8",
+    args = ["make-model", "--pretrained", str(source), "--out", str(out), "--habit-steps", "2", "--habit-tasks", "8",
             "--sft-batch", "2", "agent.system_prompt=You are a careful bank assistant."]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "habits fired" in printed and "sft step 2/2" in printed
 
     model = AutoModelForCausalLM.from_pretrained(out)
-    tok, src_tok = AutoTokenizer.from_pretrained(out), AutoTokenizer.from_pretrained(SHIPPED)
+    tok, src_tok = AutoTokenizer.from_pretrained(out), AutoTokenizer.from_pretrained(source)
     assert model.config.vocab_size == len(tok)
     # a pretrained model keeps its own tokenizer and chat template
     assert tok.get_vocab() == src_tok.get_vocab() and tok.chat_template == src_tok.chat_template
-    before, after = load_file(SHIPPED / "model.safetensors"), load_file(out / "model.safetensors")
+    before, after = load_file(source / "model.safetensors"), load_file(out / "model.safetensors")
     assert before.keys() == after.keys() and any(not before[k].equal(after[k]) for k in before)
 
     stamp = json.loads((out / STAMP).read_text())
     recipe = stamp["recipe"]
-    assert recipe["pretrained"] == str(SHIPPED.resolve()) and recipe["max_tokens"] == 2048
+    assert recipe["pretrained"] == str(source.resolve()) and recipe["max_tokens"] == 2048
     assert (recipe["habit_steps"], recipe["habit_tasks"], recipe["sft_batch"]) == (2, 8, 2)
     assert recipe["habit_lr"] == 2e-5 and "sft_steps" not in recipe  # the pretrained default; no stage 1
     assert math.isfinite(stamp["final_sft_loss"]) and stamp["seconds"] > 0
