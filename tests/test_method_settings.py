@@ -52,7 +52,8 @@ SETTINGS = {
     "rods": dict(config="configs/method_rods_poolbound.yaml", arm="rods", steps=26,
                  arms={"static": ["rods.enabled=false"],
                        "shuffled": ["rods.enabled=false", "algo.shuffle_rewards=true"]},
-                 overrides=["tasks.train=builtin:bank-pool4", "tasks.fresh_train=false", "rollout.tasks_per_step=4"]),
+                 overrides=["tasks.train=builtin:bank-pool4", "tasks.fresh_train=false", "rollout.tasks_per_step=4",
+                            "rollout.temperature=0.7"]),
     "rspo": dict(config="configs/method_rspo_sparse.yaml", arm="rspo", steps=14,
                  arms={"grpo": ["rspo.enabled=false"], "process_only": ["rspo.swap=false"],
                        "shuffled": ["rspo.enabled=false", "algo.shuffle_rewards=true"]},
@@ -145,7 +146,7 @@ def test_rods_pool_is_four_fixed_seeds_trained_for_26_epochs():
     assert [text_key(t) for t in pool] == [text_key(t) for t in builtin_split("bank-train")[:4]]
     assert not {text_key(t) for t in pool} & {text_key(t) for t in resolve_task_source(cfg.tasks.heldout)}
     assert cfg.rollout.tasks_per_step == len(pool)  # the whole pool every step: one epoch per step
-    assert cfg.train.steps == 26 and cfg.learner.lr == 2e-4
+    assert cfg.train.steps == 26 and cfg.learner.lr == 2e-4 and cfg.rollout.temperature == 0.7
     # the warm start's ask-or-guess decision is in the pool (the habit held-out success rewards), so
     # the static arm can learn it and saturate
     assert sum(t.category == "miss_param" for t in pool) == 2
