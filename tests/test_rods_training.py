@@ -60,9 +60,12 @@ def test_synthesis_actor_grows_the_pool_in_the_background(ray_cluster, source):
 def test_training_with_rods_samples_from_the_pool_and_logs_every_event(tiny_model_dir, ray_cluster, tmp_path, capsys):
     """RODS only decides which tasks are rolled out, so it composes with any estimator; this run
     uses SLCA (segment advantages, the least GRPO-like batch), benchmarks/compare_methods.py (arm rods) GRPO."""
+    import ray
+
     from agentrl.cli import main
     from agentrl.runtime.checkpoint import POOL_LOG, POOL_STATE
     from agentrl.runtime.driver import train
+    from agentrl.runtime.synthesis_actor import SynthesisActor
 
     # The format-only test model rarely scores, so widen the boundary to every group (low = 0)
     # and switch retirement off: the point here is the plumbing, not the thresholds.
@@ -83,15 +86,26 @@ def test_training_with_rods_samples_from_the_pool_and_logs_every_event(tiny_mode
     for key in ("pool/size", "pool/seeds", "pool/synthesized", "pool/region_boundary", "pool/phi_hist_0",
                 "synth/acceptance_rate", "synth/seed_backlog", "train/groups_with_variance"):
         assert key in last, key
-    assert last["pool/seeds"] == 400 and last["synth/queued"] >= 1
+    assert last["pool/seeds"] == 400 and last["synth/jobs"] + last["synth/seed_backlog"] >= 1
 
     events = [json.loads(x) for x in (run_dir / POOL_LOG).read_text().splitlines()]
-    kinds = {e["event"] for e in events}
-    assert {"stat", "seed", "synthesized", "queue"} <= kinds
+    assert {"stat", "seed"} <= {e["event"] for e in events}
     assert sum(e["event"] == "stat" for e in events) == 3 * 2  # every trained group, every step
     for name in ("checkpoint-2", "final"):
         state = json.loads((run_dir / name / POOL_STATE).read_text())
         assert len(state["entries"]) >= 400
+
+    # Synthesis runs beside training and never holds it up, so on a busy machine the run can end
+    # before a variant is queued (a seed whose structure the resampler rarely hits spends all 400
+    # draws). The final pool state keeps the seeds still waiting; an actor restored from it
+    # finishes their jobs, with the same job seeds.
+    restored = SynthesisActor.remote([], cfg.rods, 2, frozenset(), 0, state=state)
+    try:
+        assert ray.get(restored.wait_idle.remote(300))
+        events += ray.get(restored.report.remote())[1]
+    finally:
+        ray.get(restored.shutdown.remote())
+    assert {"synthesized", "queue"} <= {e["event"] for e in events}
 
     # Every synthesized task, played by the gold policy through the real episode loop, scores 1.
     queued = run_dir / "synthesized.jsonl"
