@@ -4,7 +4,8 @@ Each run is ``agentrl train configs/quickstart.yaml`` in its own process (its ow
 with the same steps and episodes per step (8 tasks x 8 episodes), so every arm consumes the same
 number of trajectories; held-out success is greedy on all 200 held-out tasks at the start, at
 ``--steps // 2`` and at the end. The start (the warm start, greedy) is the same for every arm and
-seed, so only the plan's first run measures it. Arms (``--arms`` takes arm or family names):
+seed, so only the plan's first run measures it. Arms (``--arms`` takes arm or family names; ``rods``
+and ``rspo`` name both, and mean the arm):
 
 * estimators — ``grpo`` (the quickstart as shipped), ``dr_grpo``, ``rloo``, ``raft``, ``gigpo``,
   ``turn_grpo``, ``ppo``, ``slca`` (SLCA-GRPO with the rule summary scorer, no LLM);
@@ -16,7 +17,8 @@ seed, so only the plan's first run measures it. Arms (``--arms`` takes arm or fa
 * combined — ``combined`` (RODS x SLCA x RSPO from the 64 seeds) against ``static`` and ``grpo``.
 
 Writes ``results.json``, ``table.md`` and ``curves_<family>.png`` (held-out success against
-trajectories consumed, mean and a min-max band over seeds) to ``--out``; run folders go to
+trajectories consumed, mean and a min-max band over seeds; ``curves.png`` with every arm when an
+``--out`` holds 2-5 of them) to ``--out``; run folders go to
 .cache/benchmarks/<name of --out> (.cache/benchmarks/methods by default). ``--keep-done`` skips runs
 already in results.json.
 
@@ -197,12 +199,16 @@ def table(results: list[dict], start: dict | None, arms: list[str], steps: int) 
     return "\n".join(lines)
 
 
-def plot(results: list[dict], start: dict | None, family: str, arms: list[str], path: Path) -> None:
+def plot(results: list[dict], start: dict | None, family: str, arms: list[str], path: Path,
+         extra: str | None = None) -> None:
+    """Held-out success and training success against trajectories; a third panel shows the
+    per-step training metric ``extra`` (by default the RODS pool size, when an arm has a pool)."""
     from matplotlib.figure import Figure
 
-    pool = any("pool/size" in r["train"] for a in arms for r in _ok(results, a))
-    fig = Figure(figsize=(16 if pool else 11, 4), dpi=90)
-    ax1, ax2, *ax3 = fig.subplots(1, 3 if pool else 2)
+    if extra is None and any("pool/size" in r["train"] for a in arms for r in _ok(results, a)):
+        extra = "pool/size"
+    fig = Figure(figsize=(16 if extra else 11, 4), dpi=90)
+    ax1, ax2, *ax3 = fig.subplots(1, 3 if extra else 2)
     for arm in arms:
         rs = [r for r in _ok(results, arm) if r["mid"] is not None]
         if not rs:
@@ -216,15 +222,15 @@ def plot(results: list[dict], start: dict | None, family: str, arms: list[str], 
         n, per_step = min(map(len, train)), xs[-1] // len(train[0])
         ax2.plot([(i + 1) * per_step for i in range(n)], [statistics.mean(t[i] for t in train) for i in range(n)],
                  color=line.get_color(), label=arm)
-        if ax3 and "pool/size" in rs[0]["train"]:
-            sizes = [r["train"]["pool/size"] for r in rs]
-            ax3[0].plot([(i + 1) * per_step for i in range(n)], [statistics.mean(p[i] for p in sizes) for i in range(n)],
+        if ax3 and all(extra in r["train"] for r in rs):
+            values = [r["train"][extra] for r in rs]
+            ax3[0].plot([(i + 1) * per_step for i in range(n)], [statistics.mean(v[i] for v in values) for i in range(n)],
                         color=line.get_color(), label=arm)
     ax1.set(title=f"{family}: held-out success (greedy), band = min-max over seeds", xlabel="trajectories consumed",
             ylim=(0, 1))
-    ax2.set(title="training success (sampled, T = 1), mean over seeds", xlabel="trajectories consumed", ylim=(0, 1))
+    ax2.set(title="training success (sampled), mean over seeds", xlabel="trajectories consumed", ylim=(0, 1))
     if ax3:
-        ax3[0].set(title="RODS active pool size (tasks), mean over seeds", xlabel="trajectories consumed")
+        ax3[0].set(title=f"training {extra}, mean over seeds", xlabel="trajectories consumed")
     for ax in (ax1, ax2, *ax3):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -233,6 +239,13 @@ def plot(results: list[dict], start: dict | None, family: str, arms: list[str], 
 
 
 # ---- driver -------------------------------------------------------------------------------------
+
+def expand_arms(spec: str) -> list[str]:
+    """``--arms``: comma-separated arms or families, in order, each arm once. A name that is both
+    an arm and a family (``rods``, ``rspo``) is the arm: ``--arms grpo,rspo`` runs two arms."""
+    names = [a for name in spec.split(",") for a in ([name] if name in ARMS else FAMILIES.get(name, [name]))]
+    return list(dict.fromkeys(names))
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -243,11 +256,13 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "methods")
     p.add_argument("--override", action="append", default=[], help="extra KEY=VALUE for every run")
     p.add_argument("--keep-done", action="store_true", help="skip runs already in --out's results.json without an error")
+    p.add_argument("--plot-train", metavar="KEY", choices=TRAIN_KEYS,
+                   help="a third curve panel: this per-step training metric (default: the RODS pool size, if any)")
     args = p.parse_args()
-    names = [a for name in args.arms.split(",") for a in FAMILIES.get(name, [name])]
-    if unknown := [a for a in names if a not in ARMS]:
+    arms = expand_arms(args.arms)
+    if unknown := [a for a in arms if a not in ARMS]:
         p.error(f"unknown arm(s) {unknown}; arms: {list(ARMS)}; families: {list(FAMILIES)}")
-    arms, seeds = list(dict.fromkeys(names)), [int(s) for s in args.seeds.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
     path = args.out / "results.json"
     saved = json.loads(path.read_text()) if path.exists() else {"start": None, "runs": []}
     done = {(r["arm"], r["seed"]) for r in saved["runs"] if "error" not in r}
@@ -281,7 +296,10 @@ def main() -> int:
     (args.out / "table.md").write_text(table(runs, saved["start"], present, args.steps) + "\n")
     for family, members in FAMILIES.items():
         if family != "all" and sum(bool(_ok(runs, a)) for a in members) >= 2:
-            plot(runs, saved["start"], family, [a for a in members if _ok(runs, a)], args.out / f"curves_{family}.png")
+            plot(runs, saved["start"], family, [a for a in members if _ok(runs, a)], args.out / f"curves_{family}.png",
+                 args.plot_train)
+    if 2 <= len(present) <= 5:  # a setting's own comparison (base, method, control) in one figure
+        plot(runs, saved["start"], "all arms", present, args.out / "curves.png", args.plot_train)
     print(table(runs, saved["start"], present, args.steps))
     return 0 if all("error" not in r for r in runs) else 1
 
