@@ -99,7 +99,8 @@ def test_training_with_rods_samples_from_the_pool_and_logs_every_event(tiny_mode
     # before a variant is queued (a seed whose structure the resampler rarely hits spends all 400
     # draws). The final pool state keeps the seeds still waiting; an actor restored from it
     # finishes their jobs, with the same job seeds.
-    restored = SynthesisActor.remote([], cfg.rods, 2, frozenset(), 0, state=state)
+    final = json.loads((run_dir / "final" / POOL_STATE).read_text())
+    restored = SynthesisActor.remote([], cfg.rods, 2, frozenset(), 0, state=final)
     try:
         assert ray.get(restored.wait_idle.remote(300))
         events += ray.get(restored.report.remote())[1]
