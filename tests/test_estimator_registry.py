@@ -200,6 +200,7 @@ def test_a_fresh_process_finds_the_plugin_through_the_config():
 
 
 @pytest.mark.integration
+@pytest.mark.heavy  # kept out of make test's 30 minutes (pyproject.toml: markers)
 def test_a_plugin_estimator_trains_one_step_through_the_real_stack(tiny_model_dir, ray_cluster, tmp_path):
     """``algo.plugins`` names this file: the driver validates ``algo.advantage=sign`` and the
     learner actor (another process) imports the file to build its batch."""

@@ -84,6 +84,7 @@ def run_folder(tiny_model_dir, tmp_path):
     return run
 
 
+@pytest.mark.heavy  # kept out of make test's 30 minutes (pyproject.toml: markers)
 def test_eval_of_a_runs_model_uses_the_runs_config_and_overrides_win(run_folder, ray_cluster, tmp_path, capsys):
     """The policy through vLLM: the run's 4 tokens per message and 1 message per turn bound every
     episode (the defaults would let the tiny model write its whole tool call), and the override of

