@@ -17,8 +17,9 @@ def test_rspo_steps_sync_the_explorer_and_keep_the_policy(tiny_model_dir, ray_cl
     scores alike, so its own derivation has no signal): after the sync the explorer's engine
     samples with the learner's explorer logprobs, the policy's engine with the policy's, and the
     two differ (so the check could fail). A killed explorer worker comes back with the explorer's
-    weights."""
+    weights. The two engines are bound to a core each (``rspo.explorer_cpu_threads_bind``)."""
     import dataclasses
+    import os
 
     import ray
 
@@ -30,12 +31,16 @@ def test_rspo_steps_sync_the_explorer_and_keep_the_policy(tiny_model_dir, ray_cl
         "tasks.heldout_size=2", "rollout.group_size=4", "rollout.tasks_per_step=2", "rollout.max_new_tokens=48",
         "learner.micro_batch_size=4", "learner.lr=1e-2", "algo.kl_coef=0.0", "algo.reward=outcome",
         "rspo.enabled=true", "rspo.explorer_lr=1e-2", "rspo.explorer_steps=2", "train.steps=2",
+        "rollout.engine.cpu_threads_bind=0", "rspo.explorer_cpu_threads_bind=1",  # a core each
     ])
     keys = {"rspo/policy_success", "rspo/explorer_success", "rspo/explorer_success_share", "rspo/kl_policy_explorer",
             "rspo/is_weight_mean", "rspo/is_clip_frac"}
     trainer = Trainer(cfg, tmp_path, load_task_sources(cfg))
     try:
         m = trainer.step(1)
+        bind = [ray.get(w.__ray_call__.remote(lambda _: os.environ.get("VLLM_CPU_OMP_THREADS_BIND")))
+                for w in (*trainer.workers, *trainer.rollout_side.explorers)]
+        assert bind == ["0", "1"]  # the explorer's engine computes on a core of its own
         assert m["train/episodes"] == 8 and m["rspo/derived"] == 1.0 and keys <= set(m)
         assert m["rspo/explorer_tokens_trained"] > 0 and m["learner/tokens"] > m["rspo/explorer_tokens_trained"]
 

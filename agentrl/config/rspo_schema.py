@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from agentrl.config.types import Bool, NonNegFloat, OpenUnit, PosFloat, PosInt, Section
+from agentrl.config.types import Bool, NonEmptyStr, NonNegFloat, OpenUnit, PosFloat, PosInt, Section
 
 
 class RspoConfig(Section):
@@ -37,6 +37,10 @@ class RspoConfig(Section):
     swap: Bool = True
     # Rollout workers (one vLLM engine each) that serve B; they get the runtime.rollout_worker_* resources.
     explorer_workers: PosInt = 1
+    # CPU cores of B's vLLM engines (as rollout.engine.cpu_threads_bind); null = the policy's
+    # setting. On a CPU node both engines otherwise bind to the same cores and take turns on them:
+    # on 2 cores, e.g. "1" here and rollout.engine.cpu_threads_bind "0".
+    explorer_cpu_threads_bind: NonEmptyStr | None = None
     # Feed RODS's boundary statistics from B's episodes too (default: A's episodes only).
     boundary_from_explorer: Bool = False
     # Gradient-norm clip of the derivation steps.

@@ -194,8 +194,12 @@ class RolloutSide:
             return cls(sgls, pool, workers, engine, env_retries=rt.max_actor_restarts)
         # RSPO: the explorer starts as the initial policy; its workers get their own engine seeds
         n = cfg.rollout.num_workers
+        explorer_cfg = rollout_cfg
+        if cfg.rspo.explorer_cpu_threads_bind is not None:  # cores of their own on a CPU node
+            engine_cfg = rollout_cfg.engine.model_copy(update={"cpu_threads_bind": cfg.rspo.explorer_cpu_threads_bind})
+            explorer_cfg = rollout_cfg.model_copy(update={"engine": engine_cfg})
         explorers = [
-            RolloutWorker.options(**options()).remote(model_path, rollout_cfg, cfg.model.dtype, pool, n + j,
+            RolloutWorker.options(**options()).remote(model_path, explorer_cfg, cfg.model.dtype, pool, n + j,
                                                       weight_sync=weight_sync, rewards_cfg=cfg.rewards, role=EXPLORER,
                                                       agent_cfg=agent)
             for j in range(cfg.rspo.explorer_workers)
