@@ -119,6 +119,12 @@ def run_one(arm: str, seed: int, args, measure_start: bool) -> dict:
 
 # ---- summaries ----------------------------------------------------------------------------------
 
+def _mean_measured(values: list) -> float:
+    """Mean over the steps that measured the metric (None where a step did not, e.g. the KL
+    with rspo.kl_every > 1)."""
+    return statistics.mean(v for v in values if v is not None)
+
+
 def _ok(results: list[dict], arm: str) -> list[dict]:
     return [r for r in results if r["arm"] == arm and "error" not in r]
 
@@ -195,7 +201,7 @@ def table(results: list[dict], start: dict | None, arms: list[str], steps: int) 
             lines.append(f"| {arm} | {_ms([statistics.mean(p[:3]) for p in proc if p])} / "
                          f"{_ms([statistics.mean(p[-3:]) for p in proc if p])} | "
                          f"{_ms([statistics.mean(r['train']['rspo/explorer_success_share']) for r in rs])} | "
-                         f"{_ms([statistics.mean(r['train']['rspo/kl_policy_explorer']) for r in rs])} |")
+                         f"{_ms([_mean_measured(r['train']['rspo/kl_policy_explorer']) for r in rs])} |")
     return "\n".join(lines)
 
 

@@ -171,6 +171,31 @@ def test_derivation_moves_the_explorer_and_leaves_the_policy(tiny_model_dir):
     assert all(torch.equal(v, before[k]) for k, v in explorer.state_dict_for_inference().items())
 
 
+def test_kl_every_measures_the_kl_on_every_nth_derivation_and_leaves_the_explorer_as_it_is(tiny_model_dir):
+    """rspo.kl_every = 2: the KL is reported on derivations 1 and 3, not 2; B's weights are those
+    of kl_every = 1 (the KL is a metric, not part of the derivation)."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.engines.explorer import Explorer
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    batch = explorer_batch(merge_mixed_groups(_mixed()), "process")
+
+    def explorer(kl_every: int) -> Explorer:
+        return Explorer(lr=1e-2, steps=1, grad_clip=1.0, micro_batch_size=2, temperature=1.0,
+                        loss_cfg=PolicyLossConfig(kl_coef=0.0), tied_embeddings=False, kl_every=kl_every)
+
+    sparse, dense = explorer(2), explorer(1)
+    measured = ["rspo/kl_policy_explorer" in sparse.derive(policy, batch, pad_id=0, device="cpu") for _ in range(3)]
+    assert measured == [True, False, True]
+    dense.derive(policy, batch, pad_id=0, device="cpu")
+    a, b = sparse.state_dict_for_inference(), dense.state_dict_for_inference()
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    assert load_config(None, ["rspo.kl_every=4"]).rspo.kl_every == 4
+    with pytest.raises(ConfigError, match="rspo.kl_every"):
+        load_config(None, ["rspo.kl_every=0"])
+
+
 def test_the_learner_derives_the_explorer_without_touching_the_policy(tiny_model_dir):
     """On the DeepSpeed learner: A's update weighs B's rows with rspo.is_cap (reported as
     rspo/is_weight_mean); the derivation afterwards leaves A's weights, Adam state and LR

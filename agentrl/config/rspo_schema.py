@@ -43,5 +43,9 @@ class RspoConfig(Section):
     explorer_cpu_threads_bind: NonEmptyStr | None = None
     # Feed RODS's boundary statistics from B's episodes too (default: A's episodes only).
     boundary_from_explorer: Bool = False
+    # Measure KL(A || B) (metric rspo/kl_policy_explorer: one more forward pass of B over the
+    # batch, ~1/4 of a derivation's time) on every this many derivations, from the first; the
+    # other steps report no KL. A metric only: B and A's updates are the same for any value.
+    kl_every: PosInt = 1
     # Gradient-norm clip of the derivation steps.
     grad_clip: NonNegFloat = 1.0

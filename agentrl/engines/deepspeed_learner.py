@@ -160,7 +160,8 @@ class DeepSpeedLearner:
         self.explorer: Explorer | None = None
         if rspo_cfg is not None:
             self.explorer = Explorer(rspo_cfg.explorer_lr or learner_cfg.lr, rspo_cfg.explorer_steps, rspo_cfg.grad_clip,
-                                     learner_cfg.micro_batch_size, temperature, self.loss_cfg, self.tied_embeddings)
+                                     learner_cfg.micro_batch_size, temperature, self.loss_cfg, self.tied_embeddings,
+                                     kl_every=rspo_cfg.kl_every)
         self.init_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ helpers

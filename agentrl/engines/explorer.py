@@ -9,7 +9,8 @@ and LR schedule are exactly what they would be without RSPO. Each derivation
 where A^B are the process-reward advantages of ``algos.rspo.explorer_batch`` (A's episodes of
 this step), pi_old is B before its first step (= A), and the truncated IS weights use the
 episodes' behaviour logprobs, as in A's own update. It reports KL(A || B) on A's tokens after
-the steps (k3 estimator), the size of the exploration B adds.
+the steps (k3 estimator), the size of the exploration B adds, on every ``kl_every``-th derivation
+(it costs one more forward pass of B).
 
 Plain torch rather than DeepSpeed: one small extra model on the learner's device, and B's update
 needs none of ZeRO's partitioning (``rspo`` refuses ``learner.zero_stage=3``).
@@ -36,8 +37,8 @@ class Explorer:
     same form as the learner's (tied ``lm_head`` dropped), for the explorer's rollout engines."""
 
     def __init__(self, lr: float, steps: int, grad_clip: float, micro_batch_size: int, temperature: float,
-                 loss_cfg: PolicyLossConfig, tied_embeddings: bool):
-        self.lr, self.steps, self.grad_clip = lr, steps, grad_clip
+                 loss_cfg: PolicyLossConfig, tied_embeddings: bool, kl_every: int = 1):
+        self.lr, self.steps, self.grad_clip, self.kl_every = lr, steps, grad_clip, kl_every
         self.micro_batch_size, self.temperature = micro_batch_size, temperature
         self.loss_cfg, self.tied_embeddings = loss_cfg, tied_embeddings
         self.model: nn.Module | None = None
@@ -84,9 +85,12 @@ class Explorer:
             opt.zero_grad(set_to_none=True)
             losses.append(total)
         self.derivations += 1
-        kl = all_reduce_sums({"kl": self._kl_from_policy(micro, n_tok)})["kl"]
-        return {"rspo/kl_policy_explorer": kl, "rspo/explorer_loss": losses[-1],
-                "rspo/explorer_tokens": float(n_tok), "rspo/derive_seconds": time.perf_counter() - t0}
+        out = {"rspo/explorer_loss": losses[-1], "rspo/explorer_tokens": float(n_tok)}
+        # every rank counts the same derivations, so all of them join this all_reduce or none does
+        if (self.derivations - 1) % self.kl_every == 0:
+            out["rspo/kl_policy_explorer"] = all_reduce_sums({"kl": self._kl_from_policy(micro, n_tok)})["kl"]
+        out["rspo/derive_seconds"] = time.perf_counter() - t0
+        return out
 
     def _copy_from(self, policy: nn.Module) -> None:
         """B's weights := A's. B is built from A's config, not deep-copied: A's parameters carry
