@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import types
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -244,8 +245,8 @@ def local_model(model_path: str, qwen3_4b: Path) -> Path:
 
 def test_every_gpu_recipe_states_its_cluster():
     names = {str(p.relative_to(ROOT)) for p in recipes()}
-    assert {"configs/bfcl_qwen3_4b_8gpu.yaml", "deploy/rayjob.yaml", "deploy/raycluster.yaml", "cluster/aws-gpu.yaml",
-            "docker/Dockerfile.gpu"} <= names, names
+    assert {"configs/bfcl_qwen3_4b_8gpu.yaml", "deploy/rayjob.yaml", "deploy/raycluster.yaml", "deploy/rayjob-2x8.yaml",
+            "deploy/raycluster-2x8.yaml", "cluster/aws-gpu.yaml", "docker/Dockerfile.gpu"} <= names, names
 
 
 @pytest.mark.parametrize("path", recipes(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -284,10 +285,70 @@ def _agentrl_train_commands(markdown: Path) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("recipe, readme", [("deploy/raycluster.yaml", "deploy/README.md"),
+                                            ("deploy/raycluster-2x8.yaml", "deploy/README.md"),
                                             ("cluster/aws-gpu.yaml", "cluster/README.md")])
 def test_readme_submits_the_run_the_recipe_is_checked_with(recipe, readme):
     argv = shlex.split(RUN_LINE.search((ROOT / recipe).read_text()).group(1))
     assert argv in _agentrl_train_commands(ROOT / readme), f"{readme} does not submit `{shlex.join(argv)}`"
+
+
+def test_the_2x8_recipe_spreads_as_ray_places_and_uses_both_nodes(qwen3_4b):
+    """deploy/*-2x8.yaml: the run's engines spread over both GPU nodes, the learner's ranks on one
+    node, nothing on the head but the buffer, the memory checked with the gpu_gib the pods
+    advertise, and no node idle; the same run's manifests agree on the cluster and the command."""
+    job, cluster = (ROOT / "deploy" / "rayjob-2x8.yaml").read_text(), (ROOT / "deploy" / "raycluster-2x8.yaml").read_text()
+    shape = SHAPE_LINE.search(job).group(1)
+    assert shape == SHAPE_LINE.search(cluster).group(1)
+    config, overrides = recipe_run(ROOT / "deploy" / "rayjob-2x8.yaml")
+    assert (config, overrides) == recipe_run(ROOT / "deploy" / "raycluster-2x8.yaml")
+    r = check_plan(load_config(config, overrides), parse_shape(shape), model_config=qwen3_4b)
+    assert r.ok and not r.warnings, r.render()
+    engines = [n for role, nodes in r.where.items() if role.startswith("rollout[") for n in nodes]
+    assert sorted(engines.count(n) for n in ("node1", "node2")) == [6, 7] and "node0" not in engines
+    assert len(set(r.where["learner"])) == 1 and r.where["learner"][0] != "node0"
+    assert r.where["buffer"] == ["node0"]
+    assert any(line.startswith("learner device:") and line.endswith(": fits") for line in r.memory_lines), r.render()
+    # every pod advertises gpu_gib, has the storage secret and the same grace period; the head is on-demand
+    for text in (job, cluster):
+        spec = yaml.safe_load(text)["spec"]
+        spec = spec.get("rayClusterSpec", spec)
+        pods = [spec["headGroupSpec"]["template"]["spec"], *(g["template"]["spec"] for g in spec["workerGroupSpecs"])]
+        assert {p["terminationGracePeriodSeconds"] for p in pods} == {300}
+        assert all(c["envFrom"] == [{"secretRef": {"name": "agentrl-s3"}}] for p in pods for c in p["containers"])
+        assert all('\\"gpu_gib\\": 80' in g["rayStartParams"]["resources"] for g in spec["workerGroupSpecs"])
+        assert "ON_DEMAND" in str(pods[0]["nodeSelector"])
+        assert all(any("spot" in str(t).lower() for t in p["tolerations"]) for p in pods[1:])
+
+
+def test_a_node_the_run_leaves_idle_is_warned_about():
+    # the quickstart's engine and learner on two 8-GPU nodes: the learner (one rank, a plain actor)
+    # stays on the driver's node with the engine; the second node gets nothing
+    r = plan(GPU, shape="nodes=2,gpus_per_node=8,cpus_per_node=64,gpu_gib=80", model_config=TINY)
+    assert r.ok, r.render()
+    assert r.where["rollout[0]"] == r.where["learner"] == ["node0"]
+    (warning,) = r.warnings
+    assert warning.startswith("node1 (8 GPU) gets none of the run's actors") and "rollout.num_workers" in warning
+    assert "warning: node1 (8 GPU)" in r.render() and "plan: OK" in r.render()
+    # two engines spread: one per node, no warning
+    assert not plan([*GPU, "rollout.num_workers=2"], shape="nodes=2,gpus_per_node=8,cpus_per_node=64,gpu_gib=80",
+                    model_config=TINY).warnings
+    # a CPU head is the driver's node: not idle even when every actor is on the GPU nodes
+    r = plan(GPU, shape="nodes=1,cpus_per_node=2+nodes=2,gpus_per_node=1,cpus_per_node=8", model_config=TINY)
+    assert r.ok and not r.warnings, r.render()
+
+
+def test_placement_groups_go_to_the_emptiest_node_and_plain_actors_avoid_gpu_nodes():
+    shape = "nodes=1,cpus_per_node=4+nodes=3,gpus_per_node=4,cpus_per_node=32,gpu_gib=80"
+    r = plan([*GPU, "rollout.num_workers=5", "learner.num_ranks=3", "tools.placement=pool", "tools.num_actors=2"],
+             shape=shape, model_config=TINY)
+    assert r.ok, r.render()
+    assert [r.where[f"rollout[{i}]"][0] for i in range(5)] == ["node1", "node2", "node3", "node1", "node2"]
+    # PACK: the best node for the first rank (node3: 3 GPUs free), as many ranks as fit there
+    assert r.where["learner"] == ["node3", "node3", "node3"]
+    assert r.where["tool_pool[0]"] == r.where["tool_pool[1]"] == ["node0"]  # CPU actors: the GPU-less head
+    # a group that does not fit anywhere whole is not placed at all (Ray's groups are atomic)
+    r = plan([*GPU, "rollout.num_workers=10", "learner.num_ranks=4"], shape=shape, model_config=TINY)
+    assert r.where["learner"] == [None] * 4 and not r.ok, r.render()
 
 
 # ------------------------------------------------------------------------------------ the CLI
@@ -448,3 +509,101 @@ print("GPUS", sorted(ray.get(Engine.options(**opts).remote().gpus.remote(), time
 """
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert res.returncode == 0 and "GPUS [0, 1]" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.fixture(scope="module")
+def two_gpu_nodes():
+    """A 3-node Ray cluster on loopback, shaped like deploy/*-2x8.yaml: a head with 8 CPUs and no
+    GPUs, two nodes declaring 96 CPUs, 8 GPUs and gpu_gib 80 (no CUDA needed: Ray counts declared
+    GPUs) and ~256 GiB of host memory (Ray's logical `memory`, which `agentrl plan` counts). Stopped
+    by its own pids, never `ray stop`."""
+    tmp = Path(tempfile.mkdtemp(prefix="arp2-", dir="/tmp"))
+    gcs, client, dashboard, *agents = _free_ports(6)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    env.update(RAY_AUTH_MODE="disabled", AGENTRL_PLAN_WAIT_S="0")
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    address = f"127.0.0.1:{gcs}"
+    common = ["start", "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
+    procs = [subprocess.Popen(
+        [ray_bin, *common, "--head", "--port", str(gcs), "--num-cpus", "8", "--num-gpus", "0", "--memory", str(24 * 2**30),
+         "--include-dashboard",
+         "false", "--dashboard-port", str(dashboard), "--dashboard-agent-listen-port", str(agents[0]),
+         "--ray-client-server-port", str(client), "--temp-dir", str(tmp)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)]
+    try:
+        _wait_for(ray_bin, env, address, procs, lambda out: "CPU" in out)
+        for k in (1, 2):
+            procs.append(subprocess.Popen(
+                [ray_bin, *common, "--address", address, "--num-cpus", "96", "--num-gpus", "8", "--memory", str(240 * 2**30),
+                 "--resources", '{"gpu_gib": 80}', "--dashboard-agent-listen-port", str(agents[k]),
+                 "--temp-dir", str(tmp / f"worker{k}")],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        _wait_for(ray_bin, env, address, procs, lambda out: "16.0 GPU" in out)
+        yield env, address
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                _stop(proc, [str(tmp), f":{gcs}"])
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+
+
+def _wait_for(ray_bin: str, env: dict, address: str, procs: list, ready, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        up = subprocess.run([ray_bin, "status", "--address", address], env=env, capture_output=True, text=True, timeout=60)
+        if up.returncode == 0 and ready(up.stdout):
+            return
+        dead = [p.stdout.read() for p in procs if p.poll() is not None]
+        assert not dead and time.monotonic() < deadline, f"Ray: {up.stdout}{up.stderr}{dead}"
+        time.sleep(1)
+
+
+@pytest.mark.integration
+def test_plan_places_as_ray_does_on_two_gpu_nodes(two_gpu_nodes, qwen3_4b):
+    """The 2x8 recipe planned against a running Ray cluster of that shape (read by
+    ``connected_cluster``: the gpu_gib resource, the head first) and its placement groups created
+    there in the driver's order: Ray puts every engine and learner rank on a node the plan's layout
+    matches (node names up to swapping the two identical GPU nodes), both GPU nodes used."""
+    import ray
+
+    from agentrl.runtime.cluster_shape import connected_cluster
+    from agentrl.runtime.plan import reserve_where
+
+    env, address = two_gpu_nodes
+    config, overrides = recipe_run(ROOT / "deploy" / "rayjob-2x8.yaml")
+    cfg = load_config(config, overrides)
+    old = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    try:
+        cluster = connected_cluster(address)
+        assert [n.gpus for n in cluster.nodes] == [0, 8, 8] and cluster.nodes[1].gpu_gib == 80
+        report = check_plan(cfg, cluster, model_config=qwen3_4b)
+        assert report.ok and not report.warnings, report.render()
+        ray.init(address=address, log_to_driver=False)
+        try:
+            ids = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+            by_ray = reserve_where(report, timeout_s=60)
+        finally:
+            ray.shutdown()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    name_of = {node_id: next(n.name for n in cluster.nodes if node_id[:8] in n.name) for node_id in ids}
+    grouped = [r.name for r in report.roles if r.group]
+    assert grouped and all(None not in by_ray[name] for name in grouped), by_ray
+
+    def layout(where: dict) -> list:
+        """Per GPU node, the roles on it: comparable across a swap of the two GPU nodes."""
+        nodes = {}
+        for name in grouped:
+            for node in where[name]:
+                nodes.setdefault(node, []).append(name.split("[")[0])
+        return sorted(sorted(Counter(v).items()) for v in nodes.values())
+
+    ours = layout(report.where)
+    theirs = layout({name: [name_of[i] for i in by_ray[name]] for name in grouped})
+    assert ours == theirs, (ours, theirs)
+    assert ours == [[("learner", 2), ("rollout", 6)], [("rollout", 7)]], ours

@@ -13,7 +13,7 @@ so ``agentrl plan`` prints and checks (``runtime/plan.py``) exactly what a run a
   ``runtime.rollout_worker_resources``, in a placement group of its own (STRICT_PACK: an engine's
   tensor-parallel GPUs on one node) when it asks for GPUs or ``rollout.engine.tensor_parallel_size``
   > 1; without GPUs a plain actor. Engines are independent groups: Ray places each
-  where there is room (one node may take several; spreading them is not enforced);
+  on the node with the most of its resources free, so they spread (``runtime/plan_placing.py``);
 * tool-pool actors, the SGLS server, the RODS synthesis actor: plain actors with their ``*_cpus`` /
   ``num_gpus``; the replay buffer asks for nothing (0 CPU).
 """

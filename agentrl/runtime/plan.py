@@ -4,12 +4,12 @@
 with ``parse_shape``, read from a running Ray cluster by ``connected_cluster``, or this machine,
 ``this_machine``) and returns a ``PlanReport``: where each bundle goes, the learner's memory per
 rank (``engines/memory_estimate.py``) against the device and host memory, and the engines' KV-cache
-budget, with the reasons the run cannot start when it cannot. Placement is first-fit decreasing
-(roles with the most GPUs, then CPUs, first; each bundle on the first node it fits, a PACK group's
-bundles on one node when they fit there together), simulated per GPU so fractional requests
-share a GPU as Ray shares them. A plan that fits this way can be placed; Ray places in creation
-order and may pick other nodes, and bin packing may, rarely, find no fit where one exists.
-``agentrl plan --reserve`` asks the running cluster itself (``reserve``).
+budget, with the reasons the run cannot start when it cannot, and a warning for each node the run
+leaves idle. Placement follows Ray's own rules, role by role in the order the driver creates them
+(``runtime/plan_placing.py``: placement groups to the emptiest node, plain actors from the
+driver's node), simulated per GPU so fractional requests share a GPU as Ray shares them.
+``agentrl plan --reserve`` asks the running cluster itself (``reserve``; ``reserve_where`` also
+says on which nodes Ray put each bundle).
 
 Pure Python at import: Ray is imported inside the functions that talk to a cluster.
 """
@@ -25,111 +25,12 @@ from pathlib import Path
 
 from agentrl.config import Config
 from agentrl.engines.memory_estimate import DTYPE_BYTES, GiB, MemoryEstimate, ModelDims, estimate_for_config
-from agentrl.runtime.cluster_shape import EPS, Cluster, Node, cluster_for_run, fmt_num
+from agentrl.runtime.cluster_shape import Cluster, cluster_for_run, fmt_num
 from agentrl.runtime.hub import HubModelError, parse_hub_id, resolve_hub_model
 from agentrl.runtime.placement import Role, plan_roles
+from agentrl.runtime.plan_placing import NodeState, fmt_bundle, idle_nodes, place_role, why_not
 
 HEADROOM = 0.9  # share of a device the learner's estimate may fill (MemoryEstimate.fits)
-
-
-# ------------------------------------------------------------------------------------------ placing
-class _NodeState:
-    """Free resources of one node during the simulated placement: CPUs, custom resources and each
-    GPU's free fraction (a whole-GPU request takes free GPUs, a fractional one shares a GPU)."""
-
-    def __init__(self, node: Node):
-        self.node = node
-        self.cpus = node.cpus
-        self.custom = dict(node.resources)
-        self.gpus = [1.0] * int(node.gpus)
-        self.users: list[list[str]] = [[] for _ in self.gpus]
-
-    def copy(self) -> _NodeState:
-        new = _NodeState.__new__(_NodeState)
-        new.node, new.cpus, new.custom = self.node, self.cpus, dict(self.custom)
-        new.gpus, new.users = list(self.gpus), [list(u) for u in self.users]
-        return new
-
-    def _gpu_slots(self, want: float) -> list[int] | None:
-        if want <= EPS:
-            return []
-        if want >= 1 - EPS:
-            whole = [i for i, f in enumerate(self.gpus) if f >= 1 - EPS]
-            return whole[: round(want)] if len(whole) >= round(want) else None
-        part = [i for i, f in enumerate(self.gpus) if f >= want - EPS]
-        return part[:1] or None
-
-    def fits(self, bundle: dict[str, float]) -> bool:
-        if bundle.get("CPU", 0.0) > self.cpus + EPS:
-            return False
-        if any(v > self.custom.get(k, 0.0) + EPS for k, v in bundle.items() if k not in ("CPU", "GPU")):
-            return False
-        return self._gpu_slots(bundle.get("GPU", 0.0)) is not None
-
-    def take(self, bundle: dict[str, float], who: str) -> None:
-        self.cpus -= bundle.get("CPU", 0.0)
-        for k, v in bundle.items():
-            if k not in ("CPU", "GPU"):
-                self.custom[k] = self.custom.get(k, 0.0) - v
-        want = bundle.get("GPU", 0.0)
-        for i in self._gpu_slots(want) or []:
-            self.gpus[i] -= min(1.0, want)
-            self.users[i].append(who)
-
-    def free_text(self) -> str:
-        text = f"{self.node.name}: {fmt_num(max(self.cpus, 0))}/{fmt_num(self.node.cpus)} CPU"
-        if self.gpus:
-            text += f", {fmt_num(sum(1 for f in self.gpus if f >= 1 - EPS))}/{len(self.gpus)} GPU"
-        text += "".join(f", {k} {fmt_num(v)}/{fmt_num(self.node.resources[k])}" for k, v in self.custom.items())
-        return text + " free"
-
-
-def _place_role(role: Role, states: list[_NodeState]) -> list[int | None]:
-    """Node index per bundle (None: fits nowhere). STRICT_PACK: all on one node or none; PACK:
-    all on one node if they fit there together, else each where it fits, nodes used already first."""
-    def together(idx: int) -> bool:
-        trial = states[idx].copy()
-        for b in role.bundles:
-            if not trial.fits(b):
-                return False
-            trial.take(b, role.name)
-        return True
-
-    if role.strategy in ("STRICT_PACK", "PACK") and len(role.bundles) > 1:
-        for i in range(len(states)):
-            if together(i):
-                for b in role.bundles:
-                    states[i].take(b, role.name)
-                return [i] * len(role.bundles)
-        if role.strategy == "STRICT_PACK":
-            return [None] * len(role.bundles)
-    where: list[int | None] = []
-    for b in role.bundles:
-        order = sorted(range(len(states)), key=lambda i: i not in where)
-        spot = next((i for i in order if states[i].fits(b)), None)
-        if spot is not None:
-            states[spot].take(b, role.name)
-        where.append(spot)
-    return where
-
-
-def _why_not(role: Role, bundle: dict[str, float], cluster: Cluster, states: list[_NodeState]) -> str:
-    """Why ``bundle`` of ``role`` has no node: too big for any node, a resource no node has, or
-    taken by the roles placed before it."""
-    what = f"{role.name}: bundle {_fmt_bundle(bundle)}"
-    keys = f" (set by {', '.join(role.keys)})" if role.keys else ""
-    for k, v in bundle.items():
-        if k not in ("CPU", "GPU") and not any(n.resources.get(k, 0.0) >= v - EPS for n in cluster.nodes):
-            have = "no node has it" if not any(k in n.resources for n in cluster.nodes) else "no node has that much"
-            return f"{what} needs the custom resource {k}: {fmt_num(v)}; {have}{keys}"
-    empty = [_NodeState(n) for n in cluster.nodes]
-    if not any(s.fits(bundle) for s in empty):
-        biggest = max(cluster.nodes, key=lambda n: (n.gpus, n.cpus))
-        return (f"{what} fits on no node of this cluster, even an empty one (largest: {fmt_num(biggest.cpus)} CPU, "
-                f"{fmt_num(biggest.gpus)} GPU){keys}")
-    free = [s.free_text() for s in states]
-    free = free if len(free) <= 6 else [*free[:6], f"... {len(free) - 6} more nodes"]
-    return f"{what} does not fit next to the roles placed before it ({'; '.join(free)}){keys}"
 
 
 # ------------------------------------------------------------------------------------------ memory
@@ -283,15 +184,13 @@ def check_plan(cfg: Config, cluster: Cluster, *, allow_cpu: bool = False, model_
     roles = plan_roles(cfg)
     report = PlanReport(cfg, cluster, roles, {}, notes=list(cluster.notes))
     capacity: list[str] = []  # failures that an autoscaler could lift
-    states = [_NodeState(n) for n in cluster.nodes]
-    order = sorted(range(len(roles)), key=lambda i: (-roles[i].gpus, -roles[i].cpus, i))
+    states = [NodeState(n) for n in cluster.nodes]
     placed: dict[str, list[int | None]] = {}
-    for i in order:
-        role = roles[i]
-        placed[role.name] = _place_role(role, states)
+    for role in roles:  # in the order the driver creates them, as Ray places them
+        placed[role.name] = place_role(role, states)
         for bundle, spot in zip(role.bundles, placed[role.name]):
             if spot is None:
-                capacity.append(_why_not(role, bundle, cluster, states))
+                capacity.append(why_not(role, bundle, cluster, states))
                 break
     report.where = {r.name: [cluster.nodes[k].name if k is not None else None for k in placed[r.name]] for r in roles}
     asked_none, no_gpus = _gpu_rules(cfg, cluster, allow_cpu)
@@ -303,6 +202,8 @@ def check_plan(cfg: Config, cluster: Cluster, *, allow_cpu: bool = False, model_
         report.reasons += capacity
         report.capacity = len(capacity)
     report.reasons += asked_none
+    if not capacity:
+        report.warnings += [_idle_warning(s, cfg) for s in idle_nodes(states)]
     if cluster.in_use:
         report.warnings.append("resources in use by others on the cluster now: " + ", ".join(
             f"{fmt_num(v)} {k}" for k, v in cluster.in_use.items()) + " (the run waits for them)")
@@ -315,6 +216,14 @@ def check_plan(cfg: Config, cluster: Cluster, *, allow_cpu: bool = False, model_
     if dims is not None:
         _check_memory(report, dims, states, placed)
     return report
+
+
+def _idle_warning(state: NodeState, cfg: Config) -> str:
+    what = f"{fmt_num(len(state.gpus))} GPU" if state.gpus else f"{fmt_num(state.node.cpus)} CPU"
+    fix = ("rollout.num_workers, learner.num_ranks (and runtime.rollout_worker_gpus / runtime.learner_gpus)"
+           if state.gpus else "tools.num_actors or rollout.num_workers")
+    return (f"{state.node.name} ({what}) gets none of the run's actors: Ray leaves it idle; use it with {fix}, "
+            "or declare (or start) a cluster without it")
 
 
 def _gpu_rules(cfg: Config, cluster: Cluster, allow_cpu: bool) -> tuple[list[str], list[str]]:
@@ -351,7 +260,7 @@ def _node_gpu_gib(cluster: Cluster, spots: list[int | None]) -> float | None:
     return None if not gibs or any(g is None for g in gibs) else min(gibs)
 
 
-def _check_memory(report: PlanReport, dims: ModelDims, states: list[_NodeState], placed: dict) -> None:
+def _check_memory(report: PlanReport, dims: ModelDims, states: list[NodeState], placed: dict) -> None:
     """The learner's estimate per rank against its device (GPU) or the host, the engines' KV-cache
     budget, GPUs shared by fractional requests, and the host memory each node's actors need."""
     cfg, cluster = report.cfg, report.cluster
@@ -468,38 +377,49 @@ def reserve(report: PlanReport, address: str | None = None, timeout_s: float = 3
     ``ray`` is connected to, or ``RAY_ADDRESS``): every role with resources, a plain actor as a
     1-bundle group. Waits until Ray has placed them all or ``timeout_s`` passed, removes them, and
     returns the roles Ray did not place (empty: the cluster can run the plan now)."""
+    return [name for name, nodes in reserve_where(report, address, timeout_s).items() if None in nodes]
+
+
+def reserve_where(report: PlanReport, address: str | None = None, timeout_s: float = 30.0) -> dict[str, list[str | None]]:
+    """``reserve``'s groups, created in the order the driver creates its actors, and the Ray node
+    id each bundle went to (None: not placed within ``timeout_s``), per role with resources. A
+    plain actor's 1-bundle group is placed by the bundle policy, not the actor policy Ray uses for
+    it: only the roles in placement groups (``Role.group``) land where the run's would."""
     import logging
+    import time
 
     import ray
+    from ray.util import placement_group_table
     from ray.util.placement_group import placement_group, remove_placement_group
 
     owns = not ray.is_initialized()
     if owns:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
-    groups = []
+    groups, deadline = [], time.monotonic() + timeout_s
     try:
         for role in report.roles:
             bundles = [b for b in role.bundles if b]
             if bundles:
-                groups.append((role.name, placement_group(bundles, strategy=role.strategy if role.group else "PACK")))
-        refs = {pg.ready(): name for name, pg in groups}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
-        return [name for ref, name in refs.items() if ref not in ready]
+                group = placement_group(bundles, strategy=role.strategy if role.group else "PACK")
+                ray.wait([group.ready()], timeout=max(0.0, deadline - time.monotonic()))  # one at a time: the driver's order
+                groups.append((role.name, group))
+        where = {}
+        for name, group in groups:
+            nodes = placement_group_table(group).get("bundles_to_node_id") or {}
+            where[name] = [nodes.get(k) or None for k in range(len(group.bundle_specs))]
+        return where
     finally:
-        for _, pg in groups:
-            remove_placement_group(pg)
+        for _, group in groups:
+            remove_placement_group(group)
         if owns:
             ray.shutdown()
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _fmt_bundle(b: dict[str, float]) -> str:
-    return "{" + ", ".join(f"{k}: {fmt_num(v)}" for k, v in b.items()) + "}" if b else "{} (0 CPU)"
-
-
 def _fmt_bundles(bundles: tuple[dict[str, float], ...]) -> str:
-    kinds = Counter(_fmt_bundle(b) for b in bundles)
+    kinds = Counter(fmt_bundle(b) for b in bundles)
     return " + ".join(f"{c} x {k}" if c > 1 else k for k, c in kinds.items())
 
 
-__all__ = ["EngineBudget", "PlanReport", "check_plan", "engine_budget", "kv_bytes_per_token", "preflight", "reserve"]
+__all__ = ["EngineBudget", "PlanReport", "check_plan", "engine_budget", "kv_bytes_per_token", "preflight", "reserve",
+           "reserve_where"]
