@@ -198,6 +198,17 @@ def test_a_shared_gpu_must_hold_both(qwen3_4b):
     assert any("share one GPU" in x for x in r.reasons), r.reasons
 
 
+def test_flash_attention_is_checked_not_assumed():
+    from importlib.util import find_spec
+
+    r = plan(["learner.attn_implementation=flash_attention_2"], shape="nodes=1,cpus_per_node=8", model_config=TINY)
+    assert any(x.startswith("learner.attn_implementation=flash_attention_2 needs a GPU learner") for x in r.reasons), r.reasons
+    r = plan([*GPU, "learner.attn_implementation=flash_attention_2"], model_config=TINY)
+    missing = [w for w in r.warnings if "the flash-attn package is not installed here" in w]
+    assert r.ok and len(missing) == (find_spec("flash_attn") is None), r.render()
+    assert not any("flash" in w for w in plan(GPU, model_config=TINY).warnings)
+
+
 def test_unknown_model_skips_memory_with_a_note():
     cfg = load_config(QUICKSTART, [*GPU, "model.path=/nowhere/model"])
     r = check_plan(cfg, parse_shape("nodes=1,gpus_per_node=2,cpus_per_node=8"))

