@@ -1,4 +1,7 @@
-"""Preemption: a SIGTERM (spot reclaim, ``kubectl delete``, ``ray job stop``) ends a run with a checkpoint.
+"""Preemption: a SIGTERM to the driver process (``ray job stop``, a launcher's stop) ends a run with a checkpoint.
+
+Only the driver handles it: on Kubernetes a pod's SIGTERM goes to its ``ray start``, not to the
+driver or the actors (docs/cluster_operator.md says what a preempted pod costs).
 
 The handler only records the signal. The driver's loop looks at it between steps: it finishes the
 step in progress, writes a checkpoint and ends the run with ``EXIT_PREEMPTED``, so a launcher that

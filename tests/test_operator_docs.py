@@ -1,0 +1,83 @@
+"""The cluster operator's docs hold against the code and the manifests (issue 40).
+
+* every key `--resume` accepts (`agentrl/config/resume.py`, `RESUMABLE`) is in docs/operating.md's
+  list, and the list names nothing else;
+* every pod of every KubeRay manifest has the same termination grace, and a RayJob's
+  `RAY_JOB_STOP_WAIT_TIME_S` (how long `ray job stop` waits before its SIGKILL) fits inside it;
+* the task id README's `agentrl show --task` example names is one the quickstart trains on;
+* the statements issue 40 found false stay gone.
+
+Static checks only: no Ray, torch or network.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrl.config import load_config
+from agentrl.config.resume import RESUMABLE
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFESTS = sorted((ROOT / "deploy").glob("*.yaml"))
+
+
+def _section(text: str, start: str, end: str) -> str:
+    return text[text.index(start):text.index(end, text.index(start))]
+
+
+def test_operating_md_lists_exactly_the_keys_resume_accepts():
+    text = (ROOT / "docs" / "operating.md").read_text()
+    overrides = _section(text, "**Overrides.**", "Any other change")
+    named = set(re.findall(r"`([a-z_]+(?:\.[a-z_]+)+)(?:\.\*)?`", overrides))
+    named |= {m for m in re.findall(r"`([a-z_]+)\.\*`", overrides)}  # a whole section (`telemetry.*`)
+    assert named == set(RESUMABLE), (sorted(set(RESUMABLE) - named), sorted(named - set(RESUMABLE)))
+
+
+def _pods(manifest: dict) -> list[dict]:
+    spec = manifest["spec"]
+    spec = spec.get("rayClusterSpec", spec)
+    return [spec["headGroupSpec"]["template"]["spec"], *(g["template"]["spec"] for g in spec["workerGroupSpecs"])]
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_pod_has_the_same_grace_and_ray_job_stop_waits_within_it(path):
+    manifest = yaml.safe_load(path.read_text())
+    graces = {pod.get("terminationGracePeriodSeconds") for pod in _pods(manifest)}
+    assert len(graces) == 1 and None not in graces, f"{path.name}: {graces}"
+    if manifest["kind"] == "RayJob":
+        env = yaml.safe_load(manifest["spec"]["runtimeEnvYAML"])["env_vars"]
+        assert 0 < int(env["RAY_JOB_STOP_WAIT_TIME_S"]) < graces.pop(), path.name
+
+
+def test_readme_show_example_names_a_task_the_quickstart_trains_on():
+    from agentrl.runtime.task_sources import TaskSampler
+
+    readme = (ROOT / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("agentrl show") and "--task" in x)
+    argv = shlex.split(line.split(" #", 1)[0])
+    task = argv[argv.index("--task") + 1]
+    step = int(re.search(r"fresh\d{3}(\d{4})-", task).group(1))  # the fresh-task seed counts the steps
+    cfg = load_config(str(ROOT / "configs" / "quickstart.yaml"))
+    sampler = TaskSampler(cfg, [], set())
+    batches = [sampler.next(cfg.rollout.tasks_per_step) for _ in range(step)]
+    assert step <= cfg.train.steps and task in {t.id for t in batches[-1]}, [t.id for t in batches[-1]]
+
+
+@pytest.mark.parametrize("path, false_statement", [
+    ("docs/design.md", "does not yet use placement groups"),
+    ("docs/gpu.md", "and multi-rank learners."),
+    ("docs/operating.md", "the only part built so far"),
+    ("docs/operating.md", "first-fit decreasing"),
+    ("README.md", "builtin-train-00005"),
+    ("README.md", "A SIGTERM (spot reclaim, `kubectl delete`, `ray job stop`) lets the step"),
+    ("README.md", "vLLM 0.33.0"),
+    ("docker/Dockerfile.gpu", "vllm==0.33.0"),
+    ("docs/gpu.md", "learner.attn_implementation=flash_attention_2 \\\n"),
+])
+def test_statements_found_false_stay_gone(path, false_statement):
+    assert false_statement not in (ROOT / path).read_text()
