@@ -78,7 +78,7 @@ test-slow: install
 # its scheduler (VLLM_CPU_OMP_THREADS_BIND=auto computes on the others): there it competes with
 # the driver, the learner, Ray and the tool actors, where ordering between processes lives. On the
 # core an engine computes on it would mostly measure OpenMP starvation (docs/operating.md).
-STRESS_TESTS  ?= tests/test_resume.py tests/test_faults.py tests/test_preemption.py tests/test_sgls.py \
+STRESS_TESTS  ?= tests/test_resume.py tests/test_faults.py tests/test_preemption.py tests/test_capacity.py tests/test_sgls.py \
                  tests/test_sgls_training.py tests/test_job_submit.py tests/test_learning.py \
                  "tests/test_integration.py::test_a_killed_rollout_worker_tool_actor_or_engine_costs_no_group"
 STRESS_ROUNDS ?= 3

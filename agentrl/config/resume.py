@@ -28,8 +28,10 @@ RESUMABLE = (
     "runtime.tool_actor_cpus", "runtime.rollout_worker_resources", "runtime.rollout_worker_gpus",
     "runtime.learner_gpus", "runtime.max_actor_restarts", "runtime.rollout_timeout_s", "runtime.learner_timeout_s",
     "runtime.tool_call_timeout_s",
-    # the engines' size and layout: the same sampling distribution on other devices
-    "rollout.engine.kv_cache_gib", "rollout.engine.tensor_parallel_size",
+    # the engines' size, layout and number: the same sampling distribution on other devices, or
+    # spread over fewer or more engines (a run that lost a node goes on with what is left); the
+    # tasks of a step and the in-flight rollouts a checkpoint keeps do not depend on how many there are
+    "rollout.engine.kv_cache_gib", "rollout.engine.tensor_parallel_size", "rollout.num_workers",
     # the learner's memory levers: the loss is normalized over the whole mini-batch, so splitting
     # it into other micro-batches gives the same update up to rounding (a run near its memory
     # limit resumes with smaller ones)
@@ -49,6 +51,8 @@ def load_resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Co
     saved = load_config(file)
     resumed = load_config(file, overrides)
     for key in changed_keys(saved, resumed):
+        if key == "learner.num_ranks":
+            raise ConfigError(_num_ranks_message(file, saved, resumed, overrides), key=key, file=str(file))
         if not resumable(key):
             text = next((o for o in overrides if _related(o.partition("=")[0].strip(), key)), None)
             tail = f"; set by override '{text}'" if text is not None else ""
@@ -56,6 +60,21 @@ def load_resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> Co
                               f"(the checkpoint belongs to the run as configured){tail}. --resume accepts "
                               f"overrides of: {', '.join(RESUMABLE)}", key=key, file=str(file))
     return resumed
+
+
+def _num_ranks_message(file: Path, saved: Config, resumed: Config, overrides: Sequence[str]) -> str:
+    """Why ``learner.num_ranks`` cannot change on a resume, and what to do instead."""
+    old, new = saved.learner.num_ranks, resumed.learner.num_ranks
+    text = next((o for o in overrides if _related(o.partition("=")[0].strip(), "learner.num_ranks")), None)
+    tail = f" (set by override '{text}')" if text is not None else ""
+    return (f"{file}: learner.num_ranks: cannot change on --resume from {old} to {new}{tail}: the checkpoint's "
+            f"learner state is DeepSpeed's checkpoint of {old} rank(s), the optimizer state partitioned one part per rank, "
+            "and agentrl loads it on as many ranks only (DeepSpeed's universal checkpoints, which re-partition a ZeRO "
+            f"checkpoint for another number of ranks, are not used). To continue on {new} rank(s), start a new run from "
+            f"the checkpoint's policy: agentrl train CONFIG model.path=RUN/checkpoint-K learner.num_ranks={new} (AdamW's "
+            "state and the LR schedule start again; docs/operating.md, \"Resuming on different capacity\"). Other "
+            "capacity changes a resume accepts: rollout.num_workers, runtime.*_cpus, runtime.*_gpus, "
+            "rollout.engine.tensor_parallel_size")
 
 
 def resumable(key: str) -> bool:
