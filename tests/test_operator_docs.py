@@ -78,6 +78,9 @@ def test_readme_show_example_names_a_task_the_quickstart_trains_on():
     ("README.md", "vLLM 0.33.0"),
     ("docker/Dockerfile.gpu", "vllm==0.33.0"),
     ("docs/gpu.md", "learner.attn_implementation=flash_attention_2 \\\n"),
+    ("README.md", "pip install 'agentrl[trackers]'"),
+    ("docs/configuration.md", "pip install 'agentrl[trackers]'"),
+    ("README.md", "as a gauge named `agentrl_*`"),
 ])
 def test_statements_found_false_stay_gone(path, false_statement):
     assert false_statement not in (ROOT / path).read_text()

@@ -125,6 +125,14 @@ def test_mlflow_run_is_failed_when_closed_on_an_error_and_continued_on_resume(tr
     history = sorted((m.step, m.value) for m in client.get_metric_history(first, "train/success"))
     assert history == [(1, 0.25), (2, 0.5), (2, 0.55), (3, 0.75)]
     assert [r["train/success"] for r in read_metrics(run_dir / METRICS_FILE)] == [0.25, 0.55, 0.75]
+    # the documented rule (docs/operating.md, "The run folder after a resume"): per metric and step
+    # of metrics.jsonl, the value logged last is metrics.jsonl's
+    for key, series in jsonl_series(run_dir).items():
+        last: dict[int, tuple[int, float]] = {}
+        for m in client.get_metric_history(first, key):
+            if m.step not in last or m.timestamp >= last[m.step][0]:
+                last[m.step] = (m.timestamp, m.value)
+        assert all(last[step][1] == value for step, value in series), key
 
 
 # ---------------------------------------------------------------------------------- W&B
@@ -201,6 +209,36 @@ def test_wandb_offline_run_gets_the_jsonl_metrics_the_config_and_the_report(trac
     assert kinds[-1] == "exit" and records[-1].exit.exit_code == 0
 
 
+def wandb_history(log_file: Path) -> dict[int, dict[str, float]]:
+    rows: dict[int, dict[str, float]] = {}
+    for r in wandb_records(log_file):
+        if r.HasField("history"):
+            items = {i.key or "/".join(i.nested_key): i.value_json for i in r.history.item}
+            rows.setdefault(r.history.step.num, {}).update({k: json.loads(v) for k, v in items.items() if not k.startswith("_")})
+    return rows
+
+
+def test_a_resumed_wandb_run_is_sent_the_redone_steps_with_the_resumed_values(tracker_env):
+    """The W&B half of the resume rule: agentrl continues the same W&B run and sends it the steps
+    after the checkpoint again, with the resumed run's values (a W&B server then keeps the first
+    values of those steps, since its steps must increase; docs/operating.md)."""
+    run_dir, cfg = run_folder(tracker_env, "[wandb]")
+    with MetricsSink(run_dir, cfg.telemetry, cfg.run.name) as sink:
+        drive(sink, steps={1: STEPS[1], 2: STEPS[2]}, evals={})
+    wandb_flushed()
+    with MetricsSink(run_dir, cfg.telemetry, cfg.run.name, resume_after=1) as sink:
+        drive(sink, steps={2: {"train/success": 0.55}, 3: STEPS[3]}, evals={})
+    wandb_flushed()
+    logs = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(logs) == 2, logs
+    ids = {r.run.run_id for log in logs for r in wandb_records(log) if r.HasField("run")}
+    assert ids == {json.loads((run_dir / trackers.IDS_FILE).read_text())["wandb"]["id"]}  # one W&B run
+    first, resumed = (wandb_history(log) for log in logs)
+    assert first[2]["train/success"] == 0.5 and resumed[2]["train/success"] == 0.55 and resumed[3]["train/success"] == 0.75
+    assert 1 not in resumed  # the steps up to the checkpoint are not sent again
+    assert [r["train/success"] for r in read_metrics(run_dir / METRICS_FILE)] == [0.25, 0.55, 0.75]
+
+
 # ---------------------------------------------------------------------------------- setup errors
 
 def test_a_missing_tracker_package_names_the_extra_before_any_file(tracker_env, monkeypatch):
@@ -209,7 +247,8 @@ def test_a_missing_tracker_package_names_the_extra_before_any_file(tracker_env, 
     with pytest.raises(SystemExit) as err:
         MetricsSink(run_dir, cfg.telemetry, cfg.run.name)
     assert str(err.value.code) == ("error: telemetry.loggers: wandb (pip package wandb) not installed: "
-                                   "pip install 'agentrl[trackers]'")
+                                   "pip install -e '.[trackers]' in the agentrl clone (the agentrl on PyPI is another "
+                                   "project)")
     assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml"]
 
 

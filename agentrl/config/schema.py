@@ -279,7 +279,7 @@ class TelemetryConfig(Section):
     # Experiment trackers that also get the metrics (same names and steps), the resolved config and
     # report.png: "mlflow" (MLFLOW_TRACKING_URI, default sqlite:///<run.output_dir>/mlruns/mlflow.db;
     # MLFLOW_EXPERIMENT_NAME, default agentrl), "wandb" (WANDB_MODE, default offline; WANDB_PROJECT,
-    # default agentrl; WANDB_DIR, default the run folder). Needs `pip install 'agentrl[trackers]'`.
+    # default agentrl; WANDB_DIR, default the run folder). Needs `pip install -e '.[trackers]'` in the agentrl clone.
     loggers: list[Literal["mlflow", "wandb"]] = Field(default_factory=list)
 
 

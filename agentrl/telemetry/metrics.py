@@ -61,6 +61,17 @@ def ray_metric_name(name: str) -> str:
     return "agentrl_" + re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
+# Ray's metrics export prefixes every application metric (ray.util.metrics) with "ray_" on each
+# node's Prometheus endpoint (tests/test_metrics_export.py scrapes one).
+PROMETHEUS_PREFIX = "ray_"
+
+
+def prometheus_name(name: str) -> str:
+    """The name a metric has in Prometheus, as Ray exports the gauge: ``train/success`` ->
+    ``ray_agentrl_train_success`` (labelled ``run=<run.name>``, plus Ray's own labels)."""
+    return PROMETHEUS_PREFIX + ray_metric_name(name)
+
+
 def keep_steps_through(path: str | Path, step: int) -> list[dict]:
     """Rewrite the JSONL file ``path`` keeping only the records with ``"step"`` <= ``step`` (and any
     line that is not such a record); returns the records kept. A torn last line (the process died

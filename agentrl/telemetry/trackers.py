@@ -9,7 +9,8 @@ W&B: the nested config); at the end, when the sink closes, the report drawn from
 ``metrics.jsonl`` (the same picture the driver then writes as ``RUN/report.png``) and the run's
 status (an exception in flight when the sink closes marks the run failed).
 
-The packages are an optional extra (``pip install 'agentrl[trackers]'``) imported only when a
+The packages are an optional extra (``pip install -e '.[trackers]'`` in the agentrl clone: the
+``agentrl`` distribution on PyPI is another project; docker/Dockerfile.gpu has it) imported only when a
 tracker is configured; ``check_trackers`` names the extra before anything starts. Settings come
 from the trackers' own environment variables; agentrl only fills in what keeps a run local and
 reproducible when they are unset:
@@ -65,7 +66,8 @@ def check_trackers(names: Iterable[str]) -> None:
         missing += [f"{name} (pip package {pip})" for module, pip in needed if importlib.util.find_spec(module) is None]
     if missing:
         raise TrackerUnavailable(f"error: telemetry.loggers: {', '.join(missing)} not installed: "
-                                 f"pip install 'agentrl[trackers]'")
+                                 "pip install -e '.[trackers]' in the agentrl clone (the agentrl on PyPI is another "
+                                 "project)")
 
 
 def open_trackers(names: Iterable[str], run_dir: Path, resume: bool, warn) -> list[Tracker]:
