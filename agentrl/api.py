@@ -169,6 +169,7 @@ class TrainBatch:
         if (self.advantages is None) == (self.token_rewards is None):
             raise ValueError("TrainBatch needs exactly one of advantages and token_rewards")
         n = len(self.input_ids)
+    versions: list[int] | None = None  # per sequence: the policy version whose weights sampled it
         per_token = self.advantages if self.advantages is not None else self.token_rewards
         rollout = self.rollout_logprobs if self.rollout_logprobs is not None else per_token
         if not len(self.response_mask) == len(rollout) == len(per_token) == n:
@@ -226,3 +227,12 @@ class MicroBatch:
         if self.packed_ids is None:
             return self.input_ids, self.attention_mask, None, None
         return self.packed_ids, None, self.packed_positions, self.unpack_index
+
+    def score_mask(self) -> Tensor:
+        """The policy tokens in the layout the model runs on (``forward_args``): the positions
+        whose log-prob the loss reads, where the learner's log-prob head runs."""
+        if self.packed_ids is None:
+            return self.response_mask
+        flat = self.packed_ids.new_zeros(self.packed_ids.numel()).bool()
+        flat[self.unpack_index[self.response_mask]] = True
+        return flat.view_as(self.packed_ids)

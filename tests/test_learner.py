@@ -18,6 +18,8 @@ if not torch.cuda.is_available():
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from plain_logprobs import plain_token_logprobs  # noqa: E402
+
 from agentrl.algos.losses import ppo_clip_loss, truncated_is_weights  # noqa: E402
 from agentrl.config.schema import AlgoConfig, LearnerConfig  # noqa: E402
 from agentrl.engines.hf_policy import pad_batch, token_logprobs  # noqa: E402
@@ -90,12 +92,12 @@ def reference_after_step(model_dir, batch) -> torch.Tensor:
     model = _load(model_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     ids, attn, mask, roll, adv = _padded(batch)
-    lp = token_logprobs(model, ids, attn)
+    lp, _ = plain_token_logprobs(model, ids, attn)  # full logits, plain autograd
     w = truncated_is_weights(lp.detach(), roll, CAP)
     loss, _ = ppo_clip_loss(lp, lp.detach(), adv, mask, is_weights=w, n_tokens_global=mask.sum())
     _adamw_step(model, opt, loss)  # KL to the (identical) reference has zero gradient on the first step
     with torch.no_grad():
-        return token_logprobs(model, ids, attn)
+        return plain_token_logprobs(model, ids, attn)[0]
 
 
 def _summed(lps, masks) -> list[float]:
@@ -379,3 +381,57 @@ def test_a_single_rank_group_needs_no_port():
         env = {**os.environ, "MASTER_PORT": str(busy.getsockname()[1]), "BUSY": str(busy.getsockname()[1])}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def _exact_rollout(model_dir, batch) -> dict:
+    """``batch`` with rollout log-probs equal to the learner's own (a sampler at its weights and
+    dtype), sampled by policy version 0."""
+    ids, attn = pad_batch(batch["input_ids"], 0)
+    with torch.no_grad():
+        lp0 = plain_token_logprobs(_load(model_dir), ids, attn)[0]
+    roll = [[float(lp0[i, t]) * m for t, m in enumerate(mk)] for i, mk in enumerate(batch["response_mask"])]
+    return batch | {"rollout_logprobs": roll, "versions": [0] * len(roll)}
+
+
+def test_old_logprobs_from_the_rollout_skip_the_pi_old_pass(model_dir, batch):
+    """learner.old_logprobs: with two mini-batches, "auto" takes pi_old from a synchronous
+    sampler's log-probs (one forward per micro-batch instead of two) and makes the update that
+    "recompute" makes; it recomputes for stale episodes, explorer episodes or another dtype."""
+    from agentrl.engines.deepspeed_learner import DeepSpeedLearner
+
+    exact = _exact_rollout(model_dir, batch)
+    results = {}
+    for mode in ("recompute", "auto"):
+        lcfg = LearnerConfig(zero_stage=1, lr=LR, micro_batch_size=2, mini_batches=2, old_logprobs=mode)
+        learner = DeepSpeedLearner(model_dir, lcfg, AlgoConfig(kl_coef=0.0, tis_cap=CAP), "float32", seed=0)
+        calls = []
+        inner = learner.engine.module.forward
+        learner.engine.module.forward = lambda *a, _calls=calls, _inner=inner, **k: _calls.append(1) or _inner(*a, **k)
+        try:
+            m = learner.train_step(exact)
+            results[mode] = (m, len(calls), learner.compute_logprobs(batch["input_ids"]))
+        finally:
+            learner.close()
+    (m_re, n_re, after_re), (m_auto, n_auto, after_auto) = results["recompute"], results["auto"]
+    assert m_re["old_from_rollout"] == 0.0 and m_auto["old_from_rollout"] == 1.0
+    assert (n_re, n_auto) == (4, 2)  # 2 micro-batches: pi_old pass + training forward, or the training forward alone
+    assert m_auto["logprob_mismatch"] < 1e-5 and m_auto["entropy"] == pytest.approx(m_re["entropy"], rel=0.2)
+    for a, b in zip(after_auto, after_re):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=2e-5, rtol=0)
+
+    lcfg = LearnerConfig(zero_stage=0, lr=LR, micro_batch_size=2, mini_batches=2)
+    learner = DeepSpeedLearner(model_dir, lcfg, AlgoConfig(kl_coef=0.0), "float32", seed=0, sampler_dtype="bfloat16")
+    try:
+        assert learner.train_step(exact)["old_from_rollout"] == 0.0  # the engines sample at another dtype
+    finally:
+        learner.close()
+    learner = DeepSpeedLearner(model_dir, lcfg, AlgoConfig(kl_coef=0.0), "float32", seed=0)
+    try:
+        assert learner.train_step(exact | {"versions": [0, 0, 1, 0]})["old_from_rollout"] == 0.0  # one stale episode
+        explorer = exact | {"versions": [1] * 4, "explorer": [False, True, False, False]}
+        assert learner.train_step(explorer)["old_from_rollout"] == 0.0  # the explorer's log-probs are not pi_A's
+        learner.learner_cfg = lcfg.model_copy(update={"old_logprobs": "rollout"})
+        with pytest.raises(ValueError, match="learner.old_logprobs=rollout cannot score RSPO explorer"):
+            learner.train_step(explorer | {"versions": [2] * 4})
+    finally:
+        learner.close()

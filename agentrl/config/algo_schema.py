@@ -172,6 +172,20 @@ class LearnerConfig(Section):
     # default (sdpa). flash_attention_2 (GPU, needs the flash-attn package) keeps no T x T mask,
     # which long packed rows need.
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
+    # Mixed precision of the learner's forward and backward passes (policy, reference, pi_old):
+    # "bfloat16" runs them under torch.autocast (matmuls in bf16, softmax and log-probs in fp32)
+    # while the weights, gradients and AdamW state stay in model.dtype (fp32 master weights).
+    # Needs bf16 units: a GPU, or a CPU with AMX or AVX512-BF16 (checked where the learner runs).
+    # null = compute in model.dtype.
+    autocast: Literal["bfloat16"] | None = None
+    # Where PPO's pi_old log-probs come from when an update needs them apart from its own forward
+    # (learner.mini_batches > 1 or ppo_epochs > 1): "recompute" = a separate forward of the learner
+    # before the first optimizer step; "rollout" = the sampler's log-probs (no extra pass; the IS
+    # correction between sampler and learner is then 1); "auto" = "rollout" when every episode was
+    # sampled by the learner's current weights at the learner's compute dtype and no episode comes
+    # from RSPO's explorer (synchronous runs), else "recompute". The step's metric
+    # learner/old_from_rollout says which was used.
+    old_logprobs: Literal["recompute", "rollout", "auto"] = "auto"
 
     @model_validator(mode="after")
     def _offload_needs_zero(self) -> "LearnerConfig":

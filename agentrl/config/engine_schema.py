@@ -27,6 +27,10 @@ class EngineConfig(Section):
     max_model_len: PosInt = 2048
     # Engine sampling seed.
     seed: NonNegInt = 0
+    # The engine's weight dtype; null = model.dtype. "bfloat16" on CPUs with bf16 units (AMX or
+    # AVX512-BF16) and on GPUs: faster decoding than float32 while the learner keeps fp32 weights
+    # (learner.autocast); the learner's fp32 weights are cast on every weight sync.
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
     # KV-cache block size in tokens; null = vLLM's default (16 on GPU, 128 on CPU; the CPU backend
     # takes multiples of 32 only). Prefix caching reuses whole blocks only, so every new message of
     # a multi-turn episode re-prefills its context past the last full block: smaller blocks

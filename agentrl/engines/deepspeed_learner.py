@@ -25,6 +25,7 @@ policy forward would make the PPO ratio (and the engine-vs-learner mismatch metr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, replace
@@ -56,22 +57,53 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 
 
 class _PolicyLogprobs(nn.Module):
-    """nn.Module handed to DeepSpeed: forward(*MicroBatch.forward_args()) -> (logprobs, entropy), in
-    the padded [B, T] layout whether the micro-batch is padded or packed.
+    """nn.Module handed to DeepSpeed: forward(*MicroBatch.forward_args(), score_mask=...,
+    with_entropy=...) -> (logprobs, entropy or None), in the padded [B, T] layout whether the
+    micro-batch is padded or packed.
 
-    The entropy carries a gradient only when an entropy bonus is configured (it costs memory).
-    Logprobs are of the tempered policy softmax(logits / temperature) the rollouts sampled from."""
+    ``score_mask`` (``MicroBatch.score_mask()``): the positions the LM head runs on (None: all).
+    The entropy is computed only when asked for (a metric) or when an entropy bonus is configured,
+    and carries a gradient only then. Logprobs are of the tempered policy softmax(logits /
+    temperature) the rollouts sampled from. ``autocast``: the dtype of ``learner.autocast``."""
 
-    def __init__(self, model: nn.Module, entropy_grad: bool = False, temperature: float = 1.0):
+    def __init__(self, model: nn.Module, entropy_grad: bool = False, temperature: float = 1.0,
+                 autocast: str | None = None):
         super().__init__()
         self.model = model
         self.entropy_grad = entropy_grad
         self.temperature = temperature
+        self.autocast = autocast
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                unpack_index: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return micro_batch_logprobs(self.model, input_ids, attention_mask, position_ids, unpack_index, with_entropy=True,
-                                    entropy_grad=self.entropy_grad, temperature=self.temperature)
+                unpack_index: Tensor | None = None, score_mask: Tensor | None = None,
+                with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        with autocast_context(input_ids.device, self.autocast):
+            out = micro_batch_logprobs(self.model, input_ids, attention_mask, position_ids, unpack_index,
+                                       score_mask=score_mask, with_entropy=with_entropy or self.entropy_grad,
+                                       entropy_grad=self.entropy_grad, temperature=self.temperature)
+        return out if isinstance(out, tuple) else (out, None)
+
+
+def autocast_context(device: torch.device, dtype: str | None):
+    """``torch.autocast`` in ``dtype`` on ``device``'s type (``learner.autocast``), or nothing."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=_TORCH_DTYPES[dtype])
+
+
+def check_autocast_supported(dtype: str | None, device: torch.device) -> None:
+    """Refuse ``learner.autocast`` where the hardware lacks the units it needs (checked where the
+    learner runs, not where the config is read): bf16 needs a GPU, or a CPU with AMX or AVX512-BF16."""
+    if dtype != "bfloat16":
+        return
+    if device.type == "cuda":
+        if not torch.cuda.is_bf16_supported():
+            raise ValueError(f"learner.autocast=bfloat16: GPU {torch.cuda.get_device_name(device)} has no bf16 support; "
+                             "set learner.autocast=null")
+        return
+    if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        raise ValueError("learner.autocast=bfloat16: this CPU has no bf16 units (AMX or AVX512-BF16; see lscpu's flags), "
+                         "so bf16 matmuls would be emulated and slower than float32; set learner.autocast=null")
 
 
 @dataclass
@@ -92,14 +124,16 @@ class DeepSpeedLearner:
     """
 
     def __init__(self, model_path: str, learner_cfg: Any, algo_cfg: Any, dtype: str = "float32", seed: int = 0,
-                 temperature: float = 1.0, rspo_cfg: Any = None, lora_cfg: Any = None):
+                 temperature: float = 1.0, rspo_cfg: Any = None, lora_cfg: Any = None, sampler_dtype: str | None = None):
         """``temperature``: the rollouts' sampling temperature. The policy, the reference and the
         PPO ratio are all scored under softmax(logits / temperature), the distribution the
         episodes were drawn from (as verl does); greedy decoding is unchanged by it. ``rspo_cfg``
         (an enabled ``RspoConfig``): build RSPO's explorer (``engines/explorer.py``) and cap the IS
         weights of its rows at ``rspo.is_cap``. ``lora_cfg`` (``model.lora`` with rank > 0): train
         LoRA adapters only (``engines/lora.py``); the engines get merged weights, and the frozen
-        reference is the policy with its adapters switched off (no second copy of the model)."""
+        reference is the policy with its adapters switched off (no second copy of the model).
+        ``sampler_dtype``: the rollout engines' dtype (default ``dtype``); ``learner.old_logprobs:
+        auto`` takes pi_old from the rollouts only when it is the learner's compute dtype."""
         import logging
 
         import deepspeed  # after the env is set: the accelerator is chosen at import
@@ -116,6 +150,8 @@ class DeepSpeedLearner:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
         self.temperature = temperature
+        self.compute_dtype = learner_cfg.autocast or dtype  # the dtype the learner's matmuls run in
+        self.sampler_dtype = sampler_dtype or dtype
         self.version = 0
         self._deepspeed = deepspeed
         t0 = time.perf_counter()
@@ -142,6 +178,7 @@ class DeepSpeedLearner:
             model = apply_lora(model, lora_cfg)
         self.engine = self._build_engine(model)
         self.device = self.engine.device
+        check_autocast_supported(learner_cfg.autocast, torch.device(self.device))
         self.ref_model: nn.Module | None = None
         self._ref_engine = None
         if algo_cfg.kl_coef > 0 and not self.lora:
@@ -176,7 +213,8 @@ class DeepSpeedLearner:
             return 1.0 if warmup <= 0 else min(1.0, (step + 1) / warmup)
 
         engine, _, _, _ = self._deepspeed.initialize(
-            model=_PolicyLogprobs(model, entropy_grad=self.algo_cfg.entropy_coef > 0, temperature=self.temperature),
+            model=_PolicyLogprobs(model, entropy_grad=self.algo_cfg.entropy_coef > 0, temperature=self.temperature,
+                                  autocast=lcfg.autocast),
             optimizer=optimizer,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda),
             config=build_ds_config(lcfg, self.dtype),
@@ -250,21 +288,46 @@ class DeepSpeedLearner:
 
         critic_stats = self._critic_advantages(micro, n_tok) if use_critic else {}
         # After the first optimizer step the policy has moved: later updates need the logprobs of
-        # the policy as it was before this step (PPO's pi_old), computed up front.
-        precompute_old = lcfg.ppo_epochs > 1 or len(minis) > 1
-        self._reference_and_old_passes(micro, precompute_old)
+        # the policy as it was before this step (PPO's pi_old): from the rollouts, or recomputed.
+        separate_old = lcfg.ppo_epochs > 1 or len(minis) > 1
+        from_rollout = separate_old and self._old_from_rollout(batch)
+        self._reference_and_old_passes(micro, recompute_old=separate_old and not from_rollout)
         metrics = StepMetrics(n_tok, sum(mini.n_sequences for mini in minis), acfg.loss_agg)
         for epoch in range(lcfg.ppo_epochs):
-            for mini in minis:
-                self._train_mini_batch(mini, metrics, first_epoch=epoch == 0)
+            for k, mini in enumerate(minis):
+                # pi_old's diagnostics (entropy, sampler mismatch) come from the first epoch; with
+                # rollout log-probs as pi_old, from the forwards before the first optimizer step
+                diag_tokens = (minis[0].n_tokens if k == 0 else 0) if from_rollout else n_tok
+                self._train_mini_batch(mini, metrics, diag_tokens=diag_tokens if epoch == 0 else 0,
+                                       from_rollout=from_rollout)
         if use_critic:
             critic_stats.update(all_reduce_sums(self.critic.train(micro, n_tok, loss_scale=self.world)))
         metrics.all_reduce()
         return metrics.result(
             epochs=lcfg.ppo_epochs, with_rollout=batch.rollout_logprobs is not None, extra={**critic_stats, **peak_memory_mib()},
             lr=lr, tokens=float(n_tok), sequences=float(len(batch)), version=float(self.version),
-            step_time_s=time.perf_counter() - t0,
+            step_time_s=time.perf_counter() - t0, old_from_rollout=float(from_rollout),
         )
+
+    def _old_from_rollout(self, batch: TrainBatch) -> bool:
+        """Whether pi_old is the sampler's log-probs (``learner.old_logprobs``). ``auto``: when every
+        episode was sampled by this learner's current weights (the version before this step's
+        update) at its compute dtype, and none by RSPO's explorer (whose log-probs are not pi_A's)."""
+        mode = self.learner_cfg.old_logprobs
+        if mode == "recompute":
+            return False
+        if batch.rollout_logprobs is None:
+            if mode == "rollout":
+                raise ValueError("learner.old_logprobs=rollout, but the batch has no rollout log-probs")
+            return False
+        explorer = batch.explorer is not None and any(batch.explorer)
+        if mode == "rollout":
+            if explorer:
+                raise ValueError("learner.old_logprobs=rollout cannot score RSPO explorer episodes (their log-probs are "
+                                 "the explorer's, not the policy's); use auto or recompute")
+            return True
+        on_policy = batch.versions is not None and all(v == self.version - 1 for v in batch.versions)
+        return on_policy and not explorer and self.sampler_dtype == self.compute_dtype
 
     def _build_mini_batches(self, batch: TrainBatch) -> list[_MiniBatch]:
         """The step's random mini-batches (``_mini_batches``), each as this rank's share of its
@@ -290,50 +353,59 @@ class DeepSpeedLearner:
         return minis
 
     @torch.no_grad()
-    def _reference_and_old_passes(self, micro: list[MicroBatch], precompute_old: bool) -> None:
+    def _reference_and_old_passes(self, micro: list[MicroBatch], recompute_old: bool) -> None:
         """Reference logprobs when the KL is in the loss; pi_old logprobs and entropy up front when
-        the policy moves within the step (else the first training forward gives them)."""
+        they are recomputed (else the rollouts' or the first training forward's serve)."""
         acfg = self.algo_cfg
         use_kl = acfg.kl_coef > 0 and acfg.kl_in == "loss"
         for m in micro:
             if use_kl:
-                m.ref_logprobs = self._reference(micro_batch_logprobs, *m.forward_args(), temperature=self.temperature)
-            if precompute_old:
-                m.old_logprobs, m.old_entropy = self.engine(*m.forward_args())
+                with autocast_context(torch.device(self.device), self.learner_cfg.autocast):
+                    m.ref_logprobs = self._reference(micro_batch_logprobs, *m.forward_args(), score_mask=m.score_mask(),
+                                                     temperature=self.temperature)
+            if recompute_old:
+                m.old_logprobs, m.old_entropy = self.engine(*m.forward_args(), score_mask=m.score_mask(), with_entropy=True)
 
-    def _train_mini_batch(self, mini: _MiniBatch, metrics: StepMetrics, first_epoch: bool) -> None:
+    def _train_mini_batch(self, mini: _MiniBatch, metrics: StepMetrics, diag_tokens: int, from_rollout: bool) -> None:
         """Accumulate the gradient of every micro-batch's loss, then take one optimizer step.
         Each rank's loss is scaled by the number of ranks: DeepSpeed averages the ranks' gradients,
-        and the mini-batch's gradient is their sum (see learner_shards)."""
+        and the mini-batch's gradient is their sum (see learner_shards). ``diag_tokens`` > 0: add
+        pi_old's diagnostics of these micro-batches, normalized by that token count."""
         n_mini, seqs_mini = mini.n_tokens, mini.n_sequences
         if n_mini == 0:
             return
         for k, m in enumerate(mini.micro):
             self.engine.set_gradient_accumulation_boundary(k == len(mini.micro) - 1)
-            loss, stats = self._micro_batch_loss(m, n_mini, seqs_mini)
+            if from_rollout and m.old_logprobs is None:
+                m.old_logprobs = m.rollout_logprobs
+            # this forward is pi_old itself (one epoch, one mini-batch) or measures it (rollout pi_old)
+            measures_old = m.old_logprobs is None or (from_rollout and diag_tokens > 0)
+            loss, stats, lp, ent = self._micro_batch_loss(m, n_mini, seqs_mini, with_entropy=measures_old and diag_tokens > 0)
             self.engine.backward(loss * self.world if self.world > 1 else loss)
             metrics.add_loss(loss, stats, m.n_tokens, n_mini, seqs_mini)
-            if first_epoch:
-                metrics.add_pi_old(rollout_stats(m.old_logprobs, m.response_mask, rollout_logprobs=m.rollout_logprobs,
-                                                 entropy=m.old_entropy, tis_cap=self.loss_cfg.tis_cap,
-                                                 n_tokens_global=metrics.n_tokens))
+            if diag_tokens > 0:
+                scored, entropy = (lp, ent) if from_rollout else (m.old_logprobs, m.old_entropy)
+                metrics.add_pi_old(rollout_stats(scored, m.response_mask, rollout_logprobs=m.rollout_logprobs,
+                                                 entropy=entropy, tis_cap=self.loss_cfg.tis_cap, n_tokens_global=diag_tokens))
                 if m.explorer_rows is not None and m.rollout_logprobs is not None:  # RSPO: pi_A / pi_B on B's tokens
                     metrics.add_explorer(is_weight_sums(m.old_logprobs, m.rollout_logprobs,
                                                         m.response_mask & m.explorer_rows.unsqueeze(1),
                                                         self.loss_cfg.explorer_is_cap or self.loss_cfg.tis_cap))
         metrics.grad_norms.append(self._optimizer_step())
 
-    def _micro_batch_loss(self, m: MicroBatch, n_mini: int, seqs_mini: int) -> tuple[Tensor, dict[str, Tensor]]:
+    def _micro_batch_loss(self, m: MicroBatch, n_mini: int, seqs_mini: int,
+                          with_entropy: bool) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor | None]:
         """Policy forward and ``policy_loss`` of one micro-batch of a mini-batch with ``n_mini``
-        policy tokens in ``seqs_mini`` sequences."""
-        lp, ent = self.engine(*m.forward_args())
+        policy tokens in ``seqs_mini`` sequences; also the forward's detached logprobs and entropy."""
+        lp, ent = self.engine(*m.forward_args(), score_mask=m.score_mask(), with_entropy=with_entropy)
         if m.old_logprobs is None:  # one epoch, one mini-batch: pi_old is this very forward
-            m.old_logprobs, m.old_entropy = lp.detach(), ent.detach()
-        return policy_loss(
+            m.old_logprobs, m.old_entropy = lp.detach(), (ent.detach() if ent is not None else None)
+        loss, stats = policy_loss(
             lp, m.old_logprobs, m.advantages, m.response_mask, self.loss_cfg, rollout_logprobs=m.rollout_logprobs,
             ref_logprobs=m.ref_logprobs, entropy=ent, n_tokens_global=n_mini, n_sequences_global=seqs_mini,
             explorer_rows=m.explorer_rows,
         )
+        return loss, stats, lp.detach(), (ent.detach() if ent is not None else None)
 
     def _optimizer_step(self) -> float:
         """``engine.step()`` (clip, AdamW, LR schedule); returns the gradient norm before clipping."""

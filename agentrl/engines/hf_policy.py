@@ -6,11 +6,12 @@ Alignment convention (used everywhere in agentrl): ``out[:, t]`` is the logprob 
 given tokens ``< t``, i.e. logprobs live on the token they score, like the inference engine's
 sampled-token logprobs and the ``response_mask``. Position 0 has no context and gets 0.
 
-Memory: the [B, T, V] logits tensor is the largest activation of a small LM (vocab 150k × 1k
-tokens × 8 sequences is ~5 GB in fp32). We run the decoder once, then apply the LM head to chunks
-of positions and reduce each chunk to [B, chunk] immediately. When gradients are needed the chunk
-is wrapped in activation checkpointing, so the backward pass also never holds more than one
-chunk of logits (they are recomputed from the hidden states).
+Compute and memory: the [B, T, V] logits tensor is the largest activation of a small LM (vocab
+150k × 1k tokens × 8 sequences is ~5 GB in fp32), and the LM head is a large share of its compute.
+We run the decoder once, gather the hidden states of the positions that are scored (the policy's
+tokens, when the caller says which: ``score_mask``), and run the LM head on those alone as a
+log-prob head (``engines/logprob_head.py``) that holds one chunk of logits at a time, in forward
+and in backward.
 
 Packing (``learner.packing``): a micro-batch can instead be one row of its episodes end to end,
 with ``position_ids`` restarting at 0 at each episode's first token and no ``attention_mask``.
@@ -28,12 +29,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-# Upper bound on logits elements (B * chunk * V) materialized at once: 2^26 fp32 = 256 MiB.
-DEFAULT_MAX_LOGIT_ELEMENTS = 1 << 26
+from agentrl.engines.logprob_head import DEFAULT_MAX_LOGIT_ELEMENTS, checkpointed_logprobs, head_logprobs
 
 # Config attributes that post-process logits inside forward(); models that have them are run
 # through their full forward (unchunked) so the result stays exact.
@@ -55,41 +53,31 @@ def _split_model(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     return decoder, head
 
 
-def _chunk_logprobs(logits: Tensor, targets: Tensor, with_entropy: bool, entropy_grad: bool = False,
-                    temperature: float = 1.0) -> tuple[Tensor, Tensor]:
-    """logprob of ``targets`` under ``logits / temperature`` [B, C, V] in fp32, and entropy
-    (detached unless ``entropy_grad``: an entropy bonus needs its gradient)."""
-    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
-    lse = torch.logsumexp(logits, dim=-1)
-    lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = lse - (F.softmax(logits, dim=-1) * logits).sum(-1)
-    else:
-        ent = torch.zeros_like(lp, requires_grad=False)
-    return lp, ent
-
-
 def token_logprobs(
     model: nn.Module,
     input_ids: Tensor,
     attention_mask: Tensor | None = None,
     *,
     position_ids: Tensor | None = None,
+    score_mask: Tensor | None = None,
     with_entropy: bool = False,
     entropy_grad: bool = False,
     max_logit_elements: int = DEFAULT_MAX_LOGIT_ELEMENTS,
     temperature: float = 1.0,
+    fused_head: bool = True,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """out[:, t] = log p(input_ids[:, t] | input_ids[:, :t]) in float32; out[:, 0] = 0.
 
     ``temperature``: score under softmax(logits / temperature), the distribution a sampler at
     that temperature draws from (what vLLM's processed logprobs report).
 
-    Positions where ``attention_mask`` is 0 (right padding) are 0. With ``with_entropy`` also
-    returns the entropy of the predictive distribution for each token, aligned the same way
-    (detached unless ``entropy_grad``). Differentiable w.r.t. the model parameters when grad is
-    enabled.
+    ``score_mask`` (bool, the layout of ``input_ids``): the positions whose log-prob is wanted
+    (the policy tokens); the LM head runs on those only (``engines/logprob_head.py``) and every
+    other position is 0. None: every position with context. Positions where ``attention_mask`` is
+    0 (right padding) are 0 either way. With ``with_entropy`` also returns the entropy of the
+    predictive distribution at each scored token, aligned the same way (detached unless
+    ``entropy_grad``). Differentiable w.r.t. the model parameters when grad is enabled.
+    ``fused_head=False`` runs the head as a module even where the fused log-prob head could.
 
     A packed row (``position_ids`` [1, N] restarting at 0 per episode, ``attention_mask`` None; see
     the module docstring) scores each token within its own episode, and every episode's first
@@ -97,40 +85,35 @@ def token_logprobs(
     """
     bsz, seqlen = input_ids.shape
     forward_kwargs = _forward_kwargs(input_ids, attention_mask, position_ids)
-    targets = input_ids[:, 1:]
+    scored = _has_context(input_ids, attention_mask, position_ids)
+    if score_mask is not None:
+        scored = scored & score_mask.bool()
+    rows, cols = scored.nonzero(as_tuple=True)
+    targets = input_ids[rows, cols]
     split = _split_model(model)
-    if split is None:
-        logits = model(input_ids=input_ids, **forward_kwargs).logits[:, :-1]
-        lp, ent = _chunk_logprobs(logits, targets, with_entropy, entropy_grad, temperature)
+    if split is None:  # logits post-processed inside forward(): the full forward, then gather
+        logits = model(input_ids=input_ids, **forward_kwargs).logits
+        lp_sel, ent_sel = checkpointed_logprobs(_Identity(), logits[rows, cols - 1], targets, temperature,
+                                                max(1, max_logit_elements // max(1, logits.shape[-1])),
+                                                with_entropy, entropy_grad)
     else:
         decoder, head = split
         hidden = decoder(input_ids=input_ids, **forward_kwargs).last_hidden_state
-        hidden = hidden[:, :-1]
-        vocab = getattr(head, "out_features", None) or getattr(model.config, "vocab_size", None) or 1
-        chunk = max(1, max_logit_elements // max(1, bsz * vocab))
-        n_pos = hidden.shape[1]
-
-        def run(h: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
-            return _chunk_logprobs(head(h), tgt, with_entropy, entropy_grad, temperature)
-
-        lps, ents = [], []
-        for s in range(0, n_pos, chunk):
-            h, tgt = hidden[:, s : s + chunk], targets[:, s : s + chunk]
-            if torch.is_grad_enabled() and n_pos > chunk:
-                lp_c, ent_c = checkpoint(run, h, tgt, use_reentrant=False)
-            else:
-                lp_c, ent_c = run(h, tgt)
-            lps.append(lp_c)
-            ents.append(ent_c)
-        lp = torch.cat(lps, dim=1) if lps else hidden.new_zeros(bsz, 0, dtype=torch.float32)
-        ent = torch.cat(ents, dim=1) if ents else lp.detach().clone()
-    valid = _has_context(input_ids, attention_mask, position_ids)[:, 1:]
-    zero = lp.new_zeros(bsz, 1)
-    lp = torch.cat([zero, torch.where(valid, lp, torch.zeros_like(lp))], dim=1)
+        lp_sel, ent_sel = head_logprobs(head, hidden[rows, cols - 1], targets, temperature=temperature,
+                                        with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                        max_logit_elements=max_logit_elements, fused=fused_head)
+    lp = lp_sel.new_zeros(bsz, seqlen).index_put((rows, cols), lp_sel)
     if not with_entropy:
         return lp
-    ent = torch.cat([zero, torch.where(valid, ent, torch.zeros_like(ent))], dim=1)
+    ent = ent_sel.new_zeros(bsz, seqlen).index_put((rows, cols), ent_sel)
     return lp, (ent if entropy_grad else ent.detach())
+
+
+class _Identity(nn.Module):
+    """The 'head' of rows that already are logits (a model whose forward post-processes them)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
 
 
 def _forward_kwargs(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None) -> dict:

@@ -52,6 +52,7 @@ class VLLMEngine:
         from agentrl.weight_sync.nccl import engine_weight_transfer_kwargs
 
         self.weight_sync = weight_sync
+        dtype = getattr(engine_cfg, "dtype", None) or dtype  # rollout.engine.dtype overrides model.dtype
         extra = parallel_args(engine_cfg)
         if engine_cfg.block_size is not None:
             extra["block_size"] = engine_cfg.block_size

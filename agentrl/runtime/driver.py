@@ -86,7 +86,7 @@ class Trainer:
         # the learner scores tokens under the tempered distribution the rollouts sampled from
         self.learner = LearnerGroup.create(model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed,
                                            cfg.rollout.temperature, cfg.rspo, cpus=rt.learner_cpus, gpus=rt.learner_gpus,
-                                           lora_cfg=cfg.model.lora)
+                                           lora_cfg=cfg.model.lora, sampler_dtype=cfg.rollout.engine.dtype or cfg.model.dtype)
         starts = self.rollout_side.start()
         learner_version = ray.get(self.learner.get_version.remote())
         print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{learner_version})", flush=True)

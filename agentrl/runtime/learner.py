@@ -24,9 +24,10 @@ from agentrl.runtime.process_env import set_default_env
 @ray.remote
 class LearnerActor:
     def __init__(self, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float = 1.0,
-                 rspo_cfg=None, rank: int = 0, world_size: int = 1, lora_cfg=None):
+                 rspo_cfg=None, rank: int = 0, world_size: int = 1, lora_cfg=None, sampler_dtype: str | None = None):
         """``rspo_cfg``: the run's ``RspoConfig`` (None or disabled: no explorer); ``lora_cfg``: the
-        run's ``model.lora`` (None or rank 0: full fine-tuning). A 1-rank learner
+        run's ``model.lora`` (None or rank 0: full fine-tuning); ``sampler_dtype``: the rollout
+        engines' dtype (``DeepSpeedLearner``). A 1-rank learner
         is built here; rank ``rank`` of a ``world_size``-rank group is built by ``join`` once
         rank 0 has published its rendezvous address (``rendezvous``)."""
         set_default_env()
@@ -41,7 +42,7 @@ class LearnerActor:
         self.explorer_published = -1  # the explorer derivation last handed out (publish_explorer_weights)
         self.model_path = model_path
         self.rank, self.world_size = rank, world_size
-        self._build = (model_path, learner_cfg, algo_cfg, dtype, seed, temperature, lora_cfg)
+        self._build = (model_path, learner_cfg, algo_cfg, dtype, seed, temperature, lora_cfg, sampler_dtype)
         self._store = None
         self.learner = None
         if world_size == 1:
@@ -63,9 +64,10 @@ class LearnerActor:
         try:
             if self.world_size > 1:
                 init_process_group(self.rank, self.world_size, store=self._store, address=tuple(address))
-            model_path, learner_cfg, algo_cfg, dtype, seed, temperature, lora_cfg = self._build
+            model_path, learner_cfg, algo_cfg, dtype, seed, temperature, lora_cfg, sampler_dtype = self._build
             self.learner = DeepSpeedLearner(model_path, learner_cfg, algo_cfg, dtype=dtype, seed=seed,
-                                            temperature=temperature, rspo_cfg=self.rspo, lora_cfg=lora_cfg)
+                                            temperature=temperature, rspo_cfg=self.rspo, lora_cfg=lora_cfg,
+                                            sampler_dtype=sampler_dtype)
         except Exception as err:  # kept for get_version: a group does not wait on its ranks' joins
             self._join_error = f"{type(err).__name__}: {err}"
             raise

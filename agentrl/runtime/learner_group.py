@@ -92,7 +92,7 @@ class LearnerGroup:
 
     @classmethod
     def create(cls, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float, rspo_cfg,
-               cpus: float, gpus: float, lora_cfg=None) -> LearnerGroup:
+               cpus: float, gpus: float, lora_cfg=None, sampler_dtype: str | None = None) -> LearnerGroup:
         """Place and start ``learner_cfg.num_ranks`` ranks and build their learners."""
         from agentrl.runtime.learner import LearnerActor
 
@@ -108,7 +108,8 @@ class LearnerGroup:
                 if placement is not None:
                     opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=r)
                 actor = LearnerActor.options(**opts).remote(model_path, learner_cfg, algo_cfg, dtype, seed, temperature,
-                                                            rspo_cfg, rank=r, world_size=n, lora_cfg=lora_cfg)
+                                                            rspo_cfg, rank=r, world_size=n, lora_cfg=lora_cfg,
+                                                            sampler_dtype=sampler_dtype)
                 group.ranks.append(actor)
             if n > 1:  # the ranks build their learners while the driver goes on (get_version waits for them)
                 address = ray.get(group.ranks[0].rendezvous.remote())
