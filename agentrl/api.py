@@ -84,6 +84,10 @@ class Episode:
     # Per turn reached: the text of the message that closed it without a call (None if it never
     # closed). The summary reward scores these.
     answers: list[str | None] = field(default_factory=list)
+    # Exceptions a plugin tool raised (other than the ValueError/LookupError the model is meant to
+    # read), as data: {tool, arguments, type, message, where (file:line), turn}. The model read
+    # each as an {"error": ...} observation; these are for the developer (docs/own_tools.md).
+    tool_errors: list[dict] = field(default_factory=list)
 
     @property
     def n_policy_tokens(self) -> int:
@@ -139,6 +143,7 @@ class GroupSummary:
     policy: str = POLICY
     env_failures: int = 0  # episodes dropped because their environment failed (ENV_ERROR)
     env_reruns: int = 0  # times the group was rolled out again because an episode's environment failed
+    tool_errors: int = 0  # tool exceptions in the group's episodes (Episode.tool_errors)
 
 
 @dataclass(frozen=True)

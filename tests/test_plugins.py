@@ -200,7 +200,8 @@ def test_a_reward_that_raises_stops_with_the_names():
 
     register_reward("test-broken", broken)
     task = _task(reward="test-broken")
-    with pytest.raises(RuntimeError, match=r"reward 'test-broken' \(.*broken\) failed on task 'c1': KeyError"):
+    with pytest.raises(plugins.PluginError, match=r"reward 'test-broken' \(.*broken, tests/test_plugins.py:\d+\) failed "
+                       r"on task 'c1': KeyError"):
         score_episode(_episode(task, [[]]), task)
 
 

@@ -233,6 +233,7 @@ def test_step_metrics_from_hand_made_summaries():
         "train/policy_version": 4.0, "train/policy_lag": 1.0,  # oldest group on v2, learner trained v3 into v4
         "reward/process": 0.3, "reward/summary": 0.5, "learner/loss": 0.5, "learner/tokens": 7.0,
         "train/env_failures": 0.0, "recovery/dropped_episodes": 0.0, "recovery/env_reruns": 0.0,  # every environment answered
+        "train/tool_errors": 0.0,  # no plugin tool raised
     })
     assert all(isinstance(v, float) for v in m.values())
     assert pick(m, "success") == 0.25 and format_step(1, 2, m).startswith("step 1/2 | success 0.25 | progress 0.38")
@@ -260,8 +261,23 @@ def test_eval_metrics_from_hand_made_results():
         "success": 0.5, "progress": 0.625, "mean_calls": 2.0, "redundant_call_rate": 2 / 6, "episodes": 4.0,
         "seconds": 12.0, "omission_rate": 0.25, "summary_score": 0.5, "success/base": 0.5, "success/miss_param": 0.5,
         "behaviour/miss_param_ask": 0.5, "behaviour/balance_lookup": 0.5, "behaviour/transfer_swap": 0.5,
+        "tool_errors": 0.0,
     })
     assert summarize(results) == {"base": (2, 0.5), "miss_param": (2, 0.5), "overall": (4, 0.5)}
     empty = eval_metrics([], seconds=0.0)
     assert empty["success"] == 0 and empty["episodes"] == 0 and not [k for k in empty if "/" in k]
     assert "summary_score" not in empty
+
+
+def test_eval_metrics_of_a_plugin_evaluation_carry_only_its_own_keys():
+    """A reward-scored task without category, answer_facts or gold plan: no category, no summary
+    score, no omission, only the behaviours its plugin counts; tool errors are counted."""
+    error = {"tool": "book", "arguments": {}, "type": "KeyError", "message": "room", "where": "env.py:3", "turn": 0}
+    results = [{"category": None, "outcome": 1.0, "progress": 1.0, "calls": 2, "valid_calls": 2, "redundant_calls": 0,
+                "behaviours": {"double_booking": [0, 1]}, "omission": None, "summary_score": None, "tool_errors": []},
+               {"category": None, "outcome": 0.0, "progress": 0.5, "calls": 1, "valid_calls": 1, "redundant_calls": 0,
+                "behaviours": {}, "omission": None, "summary_score": None, "tool_errors": [error, error]}]
+    assert eval_metrics(results, seconds=1.0) == pytest.approx({
+        "success": 0.5, "progress": 0.75, "mean_calls": 1.5, "redundant_call_rate": 0.0, "episodes": 2.0,
+        "seconds": 1.0, "tool_errors": 2.0, "behaviour/double_booking": 0.0})
+    assert summarize(results) == {"overall": (2, 0.5)}

@@ -17,6 +17,7 @@ from pathlib import Path
 from agentrl import __version__
 from agentrl.cli._common import fail as _fail
 from agentrl.cli.make_model import add_make_model_parser
+from agentrl.envs.plugins import find_plugin_error
 from agentrl.runtime.preemption import EXIT_PREEMPTED, Preempted, ResumableFailure
 from agentrl.runtime.process_env import set_default_env
 from agentrl.telemetry.trajectories import TrajectoryError, read_trajectories
@@ -35,6 +36,7 @@ examples:
   agentrl eval --tasks builtin:heldout --model agentrl/assets/tiny-agent
   agentrl eval --tasks bfcl:all --policy gold
   agentrl show runs/quickstart-20250101-120000 --step 20 --failed
+  agentrl show runs/eval --failed
   agentrl tasks export builtin:heldout heldout.parquet
 """
 
@@ -75,7 +77,9 @@ def _run(fn, *args, **kwargs) -> int:
 
     The driver and runtime/cluster.py check the model path, the task files and the RODS state
     before a run folder or Ray exists, and stop with ``SystemExit("error: <key>: <reason>")``;
-    an exit code given as a string would be 1, and bad input is 2 here."""
+    an exit code given as a string would be 1, and bad input is 2 here. So is a plugin's
+    ``PluginError`` (a reward's bad value, a tool exception under rollout.on_tool_error=fail),
+    wherever it was raised: its message alone is printed."""
     try:
         fn(*args, **kwargs)
     except SystemExit as err:
@@ -85,6 +89,11 @@ def _run(fn, *args, **kwargs) -> int:
         return 2
     except (Preempted, ResumableFailure):
         return EXIT_PREEMPTED  # the driver printed what was saved and how to continue
+    except Exception as err:
+        # a plugin's bad value or exception, raised here or in an actor: one message, no traceback
+        if (bad := find_plugin_error(err)) is None:
+            raise
+        return _fail(bad)
     return 0
 
 
@@ -296,7 +305,7 @@ def _show(args: argparse.Namespace) -> int:
         return _fail(f"--limit: a count >= 0, got {args.limit}")
     try:
         rows = read_trajectories(args.run, step=args.step, task_id=args.task, failed=args.failed,
-                                 limit=args.limit or None)
+                                 limit=args.limit or None, category=args.category)
     except TrajectoryError as err:
         return _fail(err)
     if not rows and args.task is not None and not read_trajectories(args.run, step=args.step, task_id=args.task, limit=1):
@@ -408,20 +417,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="CONFIG",
                    help="YAML config for rollout/runtime settings (default: the run's config.yaml when --model is a "
                         "run's model, else the defaults)")
-    p.add_argument("--out", metavar="FILE", default="runs/eval/results.jsonl",
-                   help="per-entry results (default runs/eval/results.jsonl)")
+    p.add_argument("--out", metavar="FILE",
+                   help="per-entry results (default <run.output_dir>/eval/results.jsonl, runs/eval/ by default); "
+                        "the episodes go to trajectories/ next to it, for `agentrl show FOLDER`")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     p.set_defaults(func=_eval)
 
-    p = sub.add_parser("show", help="print the episodes a training run recorded",
-                       description="Print the training episodes recorded in RUN/trajectories/ "
-                                   "(telemetry.trajectories_every): per episode a header (step, task, "
-                                   "policy version, outcome, progress, termination), its rewards, the "
-                                   "conversation and the calls with their observations. In step order.")
-    p.add_argument("run", metavar="RUN", help="run folder, e.g. runs/quickstart-20250101-120000")
+    p = sub.add_parser("show", help="print the episodes a training run or an evaluation recorded",
+                       description="Print the episodes recorded in RUN/trajectories/: a training run's "
+                                   "(telemetry.trajectories_every) or an evaluation's (agentrl eval writes them next "
+                                   "to its results file). Per episode a header (step or eval, task, policy version, "
+                                   "outcome, progress, termination, tool errors), its rewards, the conversation, the "
+                                   "calls with their observations and the exceptions tools raised. In step order.")
+    p.add_argument("run", metavar="RUN",
+                   help="run folder (runs/quickstart-20250101-120000) or an evaluation's folder (runs/eval)")
     p.add_argument("--step", type=int, metavar="K", help="only training step K")
     p.add_argument("--task", metavar="ID", help="only episodes of task ID")
     p.add_argument("--failed", action="store_true", help="only episodes with outcome < 1")
+    p.add_argument("--category", metavar="C", help="only episodes of tasks of category C")
     p.add_argument("--limit", type=int, default=20, metavar="N", help="at most N episodes (default 20; 0 = all)")
     p.add_argument("--raw", action="store_true", help="the recorded text verbatim: template tokens, nothing cut")
     p.set_defaults(func=_show)

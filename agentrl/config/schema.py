@@ -135,6 +135,11 @@ class RolloutConfig(Section):
     max_assistant_messages_per_turn: PosInt = 4
     # Token budget of a whole episode (prompt, observations and generations); longer is truncated.
     max_episode_tokens: PosInt = 1024
+    # What an exception a plugin tool raises (other than the ValueError/LookupError meant for the
+    # model) does: record = the model reads it as an error observation and the episode records it
+    # (tool_errors in the metrics, `agentrl eval`'s summary, `agentrl show`); fail = it stops the
+    # evaluation or the run with the tool, the task and where it was raised (while developing).
+    on_tool_error: Literal["record", "fail"] = "record"
     # Inference engine settings.
     engine: EngineConfig = Field(default_factory=EngineConfig)
 

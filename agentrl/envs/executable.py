@@ -26,11 +26,13 @@ ArgChecks = tuple[jsonschema.protocols.Validator, frozenset[str] | None, frozens
 
 
 def checked_call(call: ToolCall, checks: ArgChecks, run: Callable[[dict[str, Any]], Any],
-                 expected: tuple[type[Exception], ...], message: Callable[[Exception], str] = str) -> Any:
+                 expected: tuple[type[Exception], ...], message: Callable[[Exception], str] = str,
+                 on_crash: Callable[[ToolCall, Exception], None] | None = None) -> Any:
     """``run(arguments)`` under the never-raise contract, shared with the plugin backends'
     ``PluginSession``: arguments checked against ``checks``, integral floats given to integer
     parameters as ints, the result detached as JSON. An ``expected`` exception is the backend's
-    way to tell the model what it got wrong (``message`` words it); anything else is a crash."""
+    way to tell the model what it got wrong (``message`` words it); anything else is a crash,
+    which the model reads too and ``on_crash(call, exc)`` records for the developer."""
     validator, known, ints = checks
     args = dict(call.arguments)
     extra = sorted(set(args) - known) if known is not None else []
@@ -48,10 +50,14 @@ def checked_call(call: ToolCall, checks: ArgChecks, run: Callable[[dict[str, Any
     except expected as exc:
         return {"error": message(exc)}
     except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
+        if on_crash is not None:
+            on_crash(call, exc)
         return {"error": f"{call.name} failed: {type(exc).__name__}: {exc}"}
     try:  # detach from live state and guarantee the observation is JSON
         return json.loads(json.dumps(result))
     except (TypeError, ValueError) as exc:
+        if on_crash is not None:  # a backend bug as much as an exception is
+            on_crash(call, exc)
         return {"error": f"{call.name} returned a non-JSON result: {exc}"}
 
 

@@ -31,6 +31,7 @@ import importlib.util
 import os
 import sys
 import threading
+import traceback
 from collections.abc import Iterable
 
 ENV_VAR = "AGENTRL_PLUGINS"
@@ -38,6 +39,57 @@ ENV_VAR = "AGENTRL_PLUGINS"
 _LOADED: dict[str, None] = {}  # every plugin imported in this process (an ordered set)
 _LOCK = threading.RLock()  # re-entrant: a plugin may import another through the registries
 _FILES: dict[str, str] = {}  # resolved .py path -> the module name it was imported under
+
+
+class PluginError(ValueError):
+    """A plugin did something agentrl cannot go on from (a reward returned a non-number, a tool
+    raised under ``rollout.on_tool_error: fail``, an import or registration failed): bad input,
+    so the CLI prints this one message, without a traceback, and exits 2. The message names the
+    plugin function, the task and, where Python knows it, the plugin's file and line."""
+
+
+_AGENTRL_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def plugin_where(err: BaseException | None = None, fn=None) -> str:
+    """``file:line`` in the plugin where ``err`` was raised (the innermost frame of its traceback
+    outside agentrl and the standard library), else where ``fn`` is defined; "" when neither is
+    known. What a developer opens first."""
+    if err is not None and err.__traceback__ is not None:
+        for frame in reversed(traceback.extract_tb(err.__traceback__)):
+            if frame.filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>
+                continue
+            path = os.path.abspath(frame.filename)
+            if not path.startswith(_AGENTRL_DIR + os.sep) and "site-packages" not in path and \
+                    not path.startswith(os.path.dirname(os.__file__) + os.sep):
+                return f"{_short(path)}:{frame.lineno}"
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is not None:
+        return f"{_short(code.co_filename)}:{code.co_firstlineno}"
+    return ""
+
+
+def _short(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it (as a user typed it)."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def find_plugin_error(err: BaseException | None) -> PluginError | None:
+    """The ``PluginError`` behind ``err``: itself, the cause it was raised from, or the error a Ray
+    actor raised (``ray.exceptions.RayTaskError.cause``; the wrapper's text carries the remote
+    traceback, the cause only the message). None when there is none."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, BaseException):  # a Ray wrapper (which may itself pass for a PluginError)
+            err = cause
+            continue
+        if isinstance(err, PluginError):
+            return err
+        err = err.__cause__
+    return None
 
 
 def is_plugin_file(plugin: str) -> bool:
@@ -86,7 +138,11 @@ def import_plugin(plugin: str, kind: str = "plugin") -> None:
         else:
             importlib.import_module(plugin)
     except Exception as err:  # ImportError, SyntaxError, a registration error, ...
-        raise ValueError(f"cannot import {kind} {plugin!r}: {type(err).__name__}: {err}") from err
+        where = plugin_where(err)
+        if isinstance(err, SyntaxError) and err.filename:
+            where = f"{_short(err.filename)}:{err.lineno}"
+        raise PluginError(f"cannot import {kind} {plugin!r}{f' ({where})' if where else ''}: "
+                          f"{type(err).__name__}: {err}") from err
 
 
 def load_env_plugins() -> bool:
@@ -156,5 +212,6 @@ def config_plugins(value: Iterable[str]) -> PluginList:
     return PluginList(value)
 
 
-__all__ = ["ENV_VAR", "PluginList", "absolute_plugins", "config_plugins", "import_file", "import_plugin",
-           "is_plugin_file", "load_env_plugins", "load_plugins", "loaded_plugins", "plugins_hint"]
+__all__ = ["ENV_VAR", "PluginError", "PluginList", "absolute_plugins", "config_plugins", "find_plugin_error",
+           "import_file", "import_plugin", "is_plugin_file", "load_env_plugins", "load_plugins", "loaded_plugins",
+           "plugin_where", "plugins_hint"]

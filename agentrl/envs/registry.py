@@ -42,7 +42,7 @@ import jsonschema
 from agentrl.envs.base import ToolBackend
 from agentrl.envs.builtin import BUILTIN_CLASSES
 from agentrl.envs.executable import ArgChecks, ExecutableBackend, checked_call
-from agentrl.envs.plugins import load_env_plugins, plugins_hint
+from agentrl.envs.plugins import load_env_plugins, plugin_where, plugins_hint
 from agentrl.envs.toolspec import function_spec
 from agentrl.tasks.io import register_task_hook
 from agentrl.tasks.schema import FunctionSpec, Task, ToolCall, ToolSpec
@@ -184,6 +184,13 @@ def _validator(parameters: str) -> ArgChecks:
     return jsonschema.Draft202012Validator(schema), (frozenset(props) if closed else None), ints
 
 
+def tool_error(call: ToolCall, exc: BaseException) -> dict[str, Any]:
+    """One tool exception as a record (``Episode.tool_errors``): the tool, its arguments, the
+    exception's type and message, and where in the plugin it was raised (``file:line``)."""
+    return {"tool": call.name, "arguments": json.loads(json.dumps(call.arguments, default=str)),
+            "type": type(exc).__name__, "message": str(exc), "where": plugin_where(exc)}
+
+
 def _message(exc: BaseException) -> str:
     if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
         return exc.args[0]  # str(KeyError("x")) would be "'x'"
@@ -201,6 +208,9 @@ class PluginSession:
     def __init__(self, backend: Any, task: Task, reward: str | None = None):
         self.backend = backend
         self.task = task
+        # tool exceptions other than ValueError/LookupError, as data (``tool_error``); the
+        # session that hosts this one drains them (``envs.session.LocalEnvSession``)
+        self.tool_errors: list[dict] = []
         self._schemas = {t.name: json.dumps(t.function.parameters, sort_keys=True) for t in task.tools}
         check = getattr(backend, "check_turn", None)
         if check is not None:
@@ -215,7 +225,10 @@ class PluginSession:
             return {"error": f"unknown tool {call.name!r}"}
         # ValueError/LookupError: the plugin contract's way to say what the model got wrong
         return checked_call(call, _validator(self._schemas[call.name]), functools.partial(self.backend.call, call.name),
-                            (ValueError, LookupError), _message)
+                            (ValueError, LookupError), _message, self._record_crash)
+
+    def _record_crash(self, call: ToolCall, exc: Exception) -> None:
+        self.tool_errors.append(tool_error(call, exc))
 
     def state(self) -> Any:
         state = getattr(self.backend, "state", None)

@@ -4,6 +4,10 @@ Rollout workers run these in their own process (``tools.placement: in_process``)
 tool-pool actors host them (``pool``; one per in-flight episode); the SFT warm start and tests
 use them directly. The async methods match ``agentrl.agent.episode.EnvSession``.
 
+Tool exceptions a plugin backend raised (other than the ``ValueError``/``LookupError`` the model
+is meant to read) are kept as records, ``{tool, arguments, type, message, where, turn}``, which
+the rollout worker copies into ``Episode.tool_errors`` (``tool_errors()``) before closing.
+
 Which check runs: a backend may define its own per-turn check,
 ``backend.check_turn(turn_index, turn_results, all_results) -> TurnCheck`` (BFCL does: its
 official checker compares result strings against the model's results of *all* turns so far, so
@@ -27,11 +31,26 @@ class LocalEnvSession:
         self._gold = None  # gold replay, computed once per episode on first check
         self._all_results: list[tuple[ToolCall, Any]] = []  # every turn's (call, observation), in order
         self.checks: list[TurnCheck] = []
+        self._turn = 0  # the turn whose calls run now: every turn before it has been ended
+        self._tool_errors: list[dict] = []
 
     def execute_sync(self, calls: list[ToolCall]) -> list[Any]:
-        return [self.backend.execute(c) for c in calls]
+        observations = [self.backend.execute(c) for c in calls]
+        crashed = getattr(self.backend, "tool_errors", None)  # PluginSession's records
+        if crashed:
+            self._tool_errors += [{**e, "turn": self._turn} for e in crashed]
+            crashed.clear()
+        return observations
+
+    def tool_errors_sync(self) -> list[dict]:
+        """Every tool exception of the episode so far, in call order."""
+        return list(self._tool_errors)
+
+    async def tool_errors(self) -> list[dict]:
+        return self.tool_errors_sync()
 
     def end_turn_sync(self, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
+        self._turn = turn_index + 1
         self._all_results.extend(results)
         backend_check = getattr(self.backend, "check_turn", None)
         if backend_check is not None:

@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import AfterValidator
 
 from agentrl.envs.checker import canonical
-from agentrl.envs.plugins import PluginList, config_plugins, load_env_plugins, plugins_hint
+from agentrl.envs.plugins import PluginError, PluginList, config_plugins, load_env_plugins, plugin_where, plugins_hint
 from agentrl.envs.registry import default_reward, make_backend
 from agentrl.tasks.io import register_task_hook
 from agentrl.tasks.schema import Task, ToolCall
@@ -70,6 +70,11 @@ def _where(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
+def _name(fn: Any) -> str:
+    """The function's own name (a file plugin's module has a generated name; its path follows)."""
+    return getattr(fn, "__qualname__", repr(fn))
+
+
 def reward_names() -> list[str]:
     return sorted(_REWARDS)
 
@@ -94,23 +99,35 @@ def reward_name(task: Task) -> str | None:
 
 def run_reward(name: str, episode: Any, task: Task) -> tuple[float, float]:
     """(outcome, process) of ``episode`` by reward function ``name``, checked to be numbers in
-    [0, 1]. A function that raises stops the rollout with the task named: training on a score
-    that was never computed would be worse."""
+    [0, 1]. A function that raises, or returns anything else, stops the rollout with a
+    ``PluginError`` naming the reward, the task and the plugin's file and line (the CLI prints it
+    and exits 2): training on a score that was never computed would be worse."""
     fn = get_reward(name, task.id)
     try:
         result = fn(episode, task)
     except Exception as err:
-        raise RuntimeError(f"reward {name!r} ({_where(fn)}) failed on task {task.id!r}: "
-                           f"{type(err).__name__}: {err}") from err
+        raise PluginError(f"reward {name!r} ({_name(fn)}, {plugin_where(err, fn)}) failed on task {task.id!r}: "
+                          f"{type(err).__name__}: {err}") from err
     outcome, process = (result.outcome, result.process) if isinstance(result, Score) else (result, None)
-    outcome = _unit(outcome, name, task, "outcome")
-    return outcome, outcome if process is None else _unit(process, name, task, "process")
+    outcome = _unit(outcome, name, fn, task, "outcome")
+    return outcome, outcome if process is None else _unit(process, name, fn, task, "process")
 
 
-def _unit(value: Any, name: str, task: Task, what: str) -> float:
+def _unit(value: Any, name: str, fn: RewardFn, task: Task, what: str) -> float:
     if not isinstance(value, (int, float)) or not math.isfinite(value) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"reward {name!r} returned {what} {value!r} for task {task.id!r}; expected a number in [0, 1]")
+        raise PluginError(f"reward {name!r} returned {what} {value!r} for task {task.id!r}; expected a number in "
+                          f"[0, 1] (the reward function {_name(fn)}, {plugin_where(fn=fn)})")
     return float(value)
+
+
+def idle_episode(task: Task, answer: str = "Done.") -> Any:
+    """An episode of ``task`` that answers every turn with ``answer`` without calling anything:
+    the reward check of docs/own_tools.md (doing nothing must not succeed)."""
+    from agentrl.api import Episode
+
+    n = len(task.turns)
+    return Episode(task_id=task.id, token_ids=[], response_mask=[], logprobs=[], segments=[], prompt_len=0,
+                   turn_passed=[], n_turns=n, calls=[[] for _ in range(n)], answers=[answer] * n)
 
 
 def final_backend(episode: Any, task: Task) -> Any:
@@ -156,5 +173,5 @@ register_task_hook("rewards.reward", _task_hook)
 # lives here so that the config, by importing it, also registers the reward check on task files.
 AS_PLUGINS = AfterValidator(config_plugins)
 
-__all__ = ["AS_PLUGINS", "PluginList", "Score", "final_backend", "get_reward", "register_reward", "reward_name",
-           "reward_names", "run_reward"]
+__all__ = ["AS_PLUGINS", "PluginList", "Score", "final_backend", "get_reward", "idle_episode", "register_reward",
+           "reward_name", "reward_names", "run_reward"]

@@ -20,6 +20,7 @@ Where the step's tasks come from: runtime/task_sources.py.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -29,6 +30,7 @@ import ray
 from agentrl.api import POLICY, GroupRef, GroupSummary
 from agentrl.config import Config, dump_config
 from agentrl.envs.builtin.generator import text_key
+from agentrl.envs.plugins import find_plugin_error
 from agentrl.runtime.checkpoint import (
     POOL_LOG,
     TASKS_LOG,
@@ -320,9 +322,10 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
     t_start = time.perf_counter()
     try:
         trainer = Trainer(cfg, run_dir, tasks, resume=checkpoint)
-    except BaseException:
+    except BaseException as err:
         if owns_ray:
             ray.shutdown()
+        _drop_if_bad_input(err, run_dir, fresh=checkpoint is None)
         raise
     try:
         with StopOnSignal() as stop:
@@ -335,21 +338,41 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
     except BaseException as err:
         # the run's own error is what propagates; first what can be written is: the metrics so
         # far (closed by shutdown), the evaluations done, the report
+        bad_input = find_plugin_error(err)  # the CLI prints it, once, and exits 2
         if isinstance(err, ResumableFailure):
             trainer.rollout_side.kill()  # a hung worker would never answer the shutdown below
             again = ("run the same command with --resume auto to continue from the newest complete checkpoint"
                      if cfg.train.checkpoint_every else "train.checkpoint_every=0: no checkpoint, a rerun starts over")
             print(f"agentrl: the run stopped: {err}; {again}", flush=True)
-        else:
+        elif bad_input is None:
             print(f"error: the run failed: {type(err).__name__}: {err}", flush=True)
         _close(trainer, owns_ray, raise_errors=False)
-        _write_results(run_dir, trainer.evals, write_report, strict=False, store=store)
+        if not _drop_if_bad_input(err, run_dir, fresh=checkpoint is None):
+            _write_results(run_dir, trainer.evals, write_report, strict=False, store=store)
         raise
     _close(trainer, owns_ray)
     _write_results(run_dir, evals, write_report, store=store)
     print(f"training took {(time.perf_counter() - t_start) / 60:.1f} min; metrics in {run_dir}", flush=True)
     _print_evals(evals)
     return evals
+
+
+def _drop_if_bad_input(err: BaseException, run_dir: Path, fresh: bool) -> bool:
+    """After a plugin's bad input (``PluginError``, e.g. a reward that returned a string): a new run
+    folder without a checkpoint holds nothing worth keeping, so it is removed (True); one with a
+    checkpoint, or a resumed run's, is kept and marked with ``FAILED`` (its text: the error)."""
+    from agentrl.runtime.checkpoint import find_checkpoint
+
+    bad = find_plugin_error(err)
+    if bad is None:
+        return False
+    if fresh and find_checkpoint(run_dir) is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        print(f"agentrl: run folder {run_dir} removed: the run stopped on bad input before its first checkpoint",
+              flush=True)
+        return True
+    (run_dir / "FAILED").write_text(f"{bad}\n", encoding="utf-8")
+    return False
 
 
 def _close(trainer: Trainer, owns_ray: bool, raise_errors: bool = True) -> None:

@@ -23,8 +23,10 @@ from agentrl.agent.chat import formatter_for
 from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy
 from agentrl.api import ENV_ERROR, POLICY, EngineNotStarted, EnvError, Episode, EpisodeGroup, Generation, GroupSummary
-from agentrl.rewards.behaviours import behaviour_counts
+from agentrl.envs.plugins import PluginError
+from agentrl.rewards.behaviours import episode_behaviours
 from agentrl.rewards.hierr import HierRWeights
+from agentrl.rewards.registry import reward_name
 from agentrl.rewards.scoring import apply_summary, score_episode, seen_context
 from agentrl.rewards.summary import episode_summary_reward
 from agentrl.runtime.process_env import set_default_env
@@ -85,7 +87,39 @@ def group_summary(group: EpisodeGroup, env_failures: int = 0, env_reruns: int = 
         policy=group.policy,
         env_failures=env_failures,
         env_reruns=env_reruns,
+        tool_errors=sum(len(e.tool_errors) for e in eps),
     )
+
+
+def tool_error_line(task_id: str, error: dict) -> str:
+    """One tool exception as a line: the task, the turn, the call, what it raised and where."""
+    args = json.dumps(error.get("arguments"), ensure_ascii=False, sort_keys=True, default=str)
+    where = f" at {error['where']}" if error.get("where") else ""
+    return (f"task {task_id!r} turn {int(error.get('turn', 0)) + 1}: {error.get('tool')}({args}) raised "
+            f"{error.get('type')}: {error.get('message')}{where}")
+
+
+def eval_row(ep: Episode, task: Task, sample: int) -> dict:
+    """One evaluation episode's result (``agentrl eval``'s JSONL line, the held-out metrics' input).
+
+    Keys that only mean something for some tasks are there only for them (docs/own_tools.md):
+    ``category`` is None for a reward-scored task that names none, ``summary_score`` for a task
+    without ``answer_facts``, ``omission`` for a reward-scored task (no gold plan says a call was
+    needed), and ``behaviours`` holds only the behaviours that apply to the task."""
+    scored_by_function = reward_name(task) is not None
+    has_facts = any(t.answer_facts for t in task.turns)
+    return {
+        "task_id": ep.task_id, "sample": sample,
+        "category": None if scored_by_function and "category" not in task.model_fields_set else task.category,
+        "outcome": ep.rewards["outcome"], "progress": ep.rewards["progress"],
+        "turn_passed": ep.turn_passed, "n_turns": ep.n_turns, "calls": ep.n_call_blocks, "valid_calls": ep.n_valid_calls,
+        "redundant_calls": redundant_calls(ep.calls), "termination": ep.termination, "policy_tokens": ep.n_policy_tokens,
+        # SLCA's summary-side measures: an answer without a needed call, the rule score of the answers
+        "omission": None if scored_by_function else ep.rewards.get("omission", 0.0),
+        "summary_score": ep.rewards.get("summary_score") if has_facts else None,
+        "behaviours": episode_behaviours(task, ep),
+        "tool_errors": list(ep.tool_errors),
+    }
 
 
 def exit_if_engine_dead(err: BaseException, worker_index: int) -> None:
@@ -198,8 +232,16 @@ class RolloutWorker:
         policy = GoldPolicy(task, self.formatter) if gold else _EnginePolicy(self.engine, sampling, self.formatter.eos_token_ids)
         try:
             ep = await run_episode(task, policy, session, self.formatter, self.limits)
+            if ep.termination != ENV_ERROR:  # a failed environment has no records left to read
+                try:
+                    ep.tool_errors = await session.tool_errors()
+                except EnvError:  # the tool actor died after the episode: its records went with it
+                    pass
         finally:
             await session.close()
+        if ep.tool_errors and getattr(self.cfg, "on_tool_error", "record") == "fail":
+            raise PluginError(f"{tool_error_line(task.id, ep.tool_errors[0])} (backend {task.backend!r}; "
+                              "rollout.on_tool_error=fail stops here; record lets the model read it as an error)")
         if ep.termination == ENV_ERROR:
             print(f"episode {session_id} dropped: its environment failed mid-episode", flush=True)
         self._score(ep, task)
@@ -260,9 +302,10 @@ class RolloutWorker:
     async def evaluate(self, tasks: list[Task], gold: bool = False, temperature: float = 0.0,
                        samples: list[int] | None = None) -> list[dict]:
         """One episode per entry of ``tasks``, greedy by default (or the gold replay); returns
-        per-episode results, sampled over the full distribution (top_p 1.0, as training samples: the
-        config refuses a nucleus). ``samples``: each entry's sample index when a task runs several times
-        (``agentrl eval --samples N``: ``tasks`` repeats it, once per index); its episode is tagged
+        per-episode results (``eval_row``, plus the ``Episode`` under ``"episode"``), sampled over the
+        full distribution (top_p 1.0, as training samples: the config refuses a nucleus). ``samples``:
+        each entry's sample index when a task runs several times (``agentrl eval --samples N``:
+        ``tasks`` repeats it, once per index); its episode is tagged
         ``eval/ID/K`` and its row carries ``"sample": K``. None: one episode per task, tagged
         ``eval/ID``, sample 0. The sampling seed does not come from the tag: requests carry no seed
         of their own (``SamplingConfig.seed``), so the samples of a task draw different noise from
@@ -287,16 +330,8 @@ class RolloutWorker:
         # an episode that could not open its session is left out (scored episodes that ended
         # with ENV_ERROR stay: a failed evaluation episode, visible in its termination)
         kept = [(e, t, k) for e, t, k in zip(eps, tasks, ks) if e is not None]
-        return [
-            {"task_id": e.task_id, "sample": k, "category": t.category, "outcome": e.rewards["outcome"],
-             "progress": e.rewards["progress"],
-             "turn_passed": e.turn_passed, "n_turns": e.n_turns, "calls": e.n_call_blocks, "valid_calls": e.n_valid_calls,
-             "redundant_calls": redundant_calls(e.calls), "termination": e.termination, "policy_tokens": e.n_policy_tokens,
-             # SLCA's summary-side measures: an answer without a needed call, the rule score of the answers
-             "omission": e.rewards.get("omission", 0.0), "summary_score": e.rewards.get("summary_score"),
-             "behaviours": behaviour_counts(t, e.turn_passed, e.calls)}
-            for e, t, k in kept
-        ]
+        # "episode": the episode itself, for `agentrl eval`'s transcripts (runtime/evaluate.py takes it out)
+        return [{**eval_row(e, t, k), "episode": e} for e, t, k in kept]
 
     def eval_progress(self) -> tuple[int, float]:
         """(episodes finished, their summed outcome) in the ``evaluate`` call under way, or in the

@@ -63,6 +63,9 @@ class ToolBackendActor:
     def end_turn(self, session_id: str, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
         return self._session(session_id).end_turn_sync(turn_index, results)
 
+    def tool_errors(self, session_id: str) -> list[dict]:
+        return self._session(session_id).tool_errors_sync()
+
     def close(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)
         if session is not None:
@@ -117,6 +120,11 @@ class RemoteEnvSession:
     async def end_turn(self, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
         return await _remote(self.actor.end_turn.remote(self.session_id, turn_index, results), self.actor,
                              f"the end-of-turn check (session {self.session_id})", self.timeout_s)
+
+    async def tool_errors(self) -> list[dict]:
+        """The session's tool exceptions (``LocalEnvSession.tool_errors``)."""
+        return await _remote(self.actor.tool_errors.remote(self.session_id), self.actor,
+                             f"tool_errors (session {self.session_id})", self.timeout_s)
 
     async def close(self) -> None:
         try:

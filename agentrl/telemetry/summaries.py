@@ -4,7 +4,8 @@
 phase timings and the learner's metrics into the ``train/*``, ``perf/*``, ``time/*``,
 ``reward/*`` and ``learner/*`` scalars the driver logs. ``eval_metrics`` turns the per-episode
 results of a held-out evaluation (``RolloutWorker.evaluate``) into the ``eval/*`` scalars
-(without the prefix): success, progress, calls, success per category and behaviour rates.
+(without the prefix): success, progress, calls, tool errors, success per category and behaviour
+rates (the last two only where the tasks define them).
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ STEP_TIMINGS = ("rollout_wait", "learn", "sync", "step")
 
 
 def summarize(results: list[dict]) -> dict[str, tuple[int, float]]:
-    """{category: (entries, accuracy)} plus "overall"; accuracy = mean outcome."""
+    """{category: (entries, accuracy)} plus "overall"; accuracy = mean outcome. Entries without a
+    category (a reward-scored task that names none) count in "overall" only."""
     by_cat: dict[str, list[float]] = defaultdict(list)
     for r in results:
-        by_cat[r["category"]].append(r["outcome"])
+        if r.get("category") is not None:
+            by_cat[r["category"]].append(r["outcome"])
     out = {c: (len(v), sum(v) / len(v)) for c, v in sorted(by_cat.items())}
     all_ = [r["outcome"] for r in results]
     out["overall"] = (len(all_), sum(all_) / len(all_) if all_ else 0.0)
@@ -64,6 +67,8 @@ def step_metrics(summaries: list[GroupSummary], timings: Mapping[str, float], le
         "recovery/dropped_episodes": failures,
         # groups rolled out again because an environment failed (a tool actor died): nothing dropped
         "recovery/env_reruns": reruns,
+        # exceptions plugin tools raised (the model read each as an error; docs/own_tools.md)
+        "train/tool_errors": float(sum(s.tool_errors for s in summaries)),
         "train/policy_tokens": float(tokens),
         "perf/tokens_per_s": tokens / max(t_gen, 1e-9),
         "train/calls_per_episode": calls / n,
@@ -90,10 +95,13 @@ def eval_metrics(results: list[dict], seconds: float) -> dict[str, float]:
         "progress": sum(r["progress"] for r in results) / n,
         "mean_calls": sum(r["calls"] for r in results) / n,
         "redundant_call_rate": sum(r["redundant_calls"] for r in results) / max(1, sum(r["valid_calls"] for r in results)),
-        "omission_rate": sum(r.get("omission", 0.0) for r in results) / n,
         "episodes": float(len(results)),
+        "tool_errors": float(sum(len(r.get("tool_errors") or ()) for r in results)),
         "seconds": seconds,
     }
+    # omission: only where a gold plan says a call was needed (not for reward-scored tasks)
+    if judged := [r["omission"] for r in results if r.get("omission", 0.0) is not None]:
+        out["omission_rate"] = sum(judged) / len(judged)
     # the rule summary score (absent when rewards.summary is judge or none: evaluation never calls the judge)
     if scored := [r["summary_score"] for r in results if r.get("summary_score") is not None]:
         out["summary_score"] = sum(scored) / len(scored)
@@ -101,5 +109,5 @@ def eval_metrics(results: list[dict], seconds: float) -> dict[str, float]:
     for cat, (_, acc) in summarize(results).items():
         if cat != "overall":
             out[f"success/{cat}"] = acc
-    out.update({f"behaviour/{k}": v for k, v in behaviour_rates([r["behaviours"] for r in results]).items()})
+    out.update({f"behaviour/{k}": v for k, v in behaviour_rates([r.get("behaviours") or {} for r in results]).items()})
     return out

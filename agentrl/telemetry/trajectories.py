@@ -9,9 +9,14 @@ group, ``policy_version`` = the behaviour version of its group), how it went (``
   with role ``prompt`` (system, tools, first user message), ``assistant`` (one chunk per sampled
   message: exactly the policy tokens) or ``environment`` (tool results, the next user message).
   Special tokens are kept, so the chunks joined are the text the model saw;
-* ``calls``: the parsed calls log, per turn ``[{name, arguments, observation, step}]``.
+* ``calls``: the parsed calls log, per turn ``[{name, arguments, observation, step}]``;
+* ``tool_errors``: the exceptions plugin tools raised, ``[{tool, arguments, type, message, where,
+  turn}]`` (``Episode.tool_errors``); ``category``: the task's category where it has one.
 
-``rewards`` and ``calls`` are JSON strings (free-form arguments and observations would give Arrow
+``agentrl eval`` writes its episodes in the same format (``eval_records``), as step 0 with group
+``eval/<task>[/<sample>]``, into ``trajectories/`` next to its results file.
+
+``rewards``, ``calls`` and ``tool_errors`` are JSON strings (free-form arguments and observations would give Arrow
 types that differ from row to row, as in ``tasks/io.py``); everything else is typed.
 
 Files hold ``telemetry.trajectories_every`` steps each, ``steps-<first>-<last>.parquet``, one row
@@ -33,7 +38,8 @@ from agentrl.api import Episode, EpisodeGroup
 
 TRAJECTORY_DIR = "trajectories"
 _FILE = re.compile(r"steps-(\d+)-(\d+)\.parquet")
-JSON_FIELDS = ("rewards", "calls")
+JSON_FIELDS = ("rewards", "calls", "tool_errors")
+EVAL_STEP = 0  # the step of an evaluation's records (training steps start at 1)
 
 Decode = Callable[[list[int]], str]  # token ids -> text, special tokens kept
 
@@ -57,7 +63,7 @@ def _schema():
         ("turn_passed", pa.list_(pa.bool_())), ("tokens", i32), ("policy_tokens", i32),
         ("prompt_tokens", i32), ("call_blocks", i32), ("valid_calls", i32),
         ("gen_seconds", f64), ("env_seconds", f64), ("rewards", s), ("calls", s),
-        ("messages", pa.list_(message)),
+        ("messages", pa.list_(message)), ("tool_errors", s), ("category", s),
     ])
 
 
@@ -84,20 +90,30 @@ def render_messages(episode: Episode, decode: Decode) -> list[dict]:
 
 def episode_records(group: EpisodeGroup, step: int, decode: Decode) -> list[dict]:
     """One row per episode of ``group``, trained at ``step``."""
-    rows = []
-    for index, e in enumerate(group.episodes):
-        rows.append({
-            "step": step, "task_id": e.task_id or group.task_id, "group_id": group.group_id, "index": index,
-            "policy_version": group.version, "outcome": e.rewards.get("outcome"),
-            "progress": e.rewards.get("progress"), "termination": e.termination, "n_turns": e.n_turns,
-            "turn_passed": list(e.turn_passed), "tokens": len(e.token_ids), "policy_tokens": e.n_policy_tokens,
-            "prompt_tokens": e.prompt_len, "call_blocks": e.n_call_blocks, "valid_calls": e.n_valid_calls,
-            "gen_seconds": e.gen_seconds, "env_seconds": e.env_seconds,
-            "rewards": json.dumps(e.rewards, sort_keys=True),
-            "calls": json.dumps(e.calls, ensure_ascii=False, default=str),
-            "messages": render_messages(e, decode),
-        })
-    return rows
+    return [_record(e, step, e.task_id or group.task_id, group.group_id, index, group.version, decode)
+            for index, e in enumerate(group.episodes)]
+
+
+def eval_records(episodes: Iterable[tuple[Episode, str | None]], decode: Decode) -> list[dict]:
+    """One row per ``(episode, task category or None)`` of an evaluation, as step ``EVAL_STEP``."""
+    return [_record(e, EVAL_STEP, e.task_id, e.group_id, 0, e.policy_version, decode, category)
+            for e, category in episodes]
+
+
+def _record(e: Episode, step: int, task_id: str, group_id: str, index: int, version: int, decode: Decode,
+            category: str | None = None) -> dict:
+    return {
+        "step": step, "task_id": task_id, "group_id": group_id, "index": index,
+        "policy_version": version, "outcome": e.rewards.get("outcome"),
+        "progress": e.rewards.get("progress"), "termination": e.termination, "n_turns": e.n_turns,
+        "turn_passed": list(e.turn_passed), "tokens": len(e.token_ids), "policy_tokens": e.n_policy_tokens,
+        "prompt_tokens": e.prompt_len, "call_blocks": e.n_call_blocks, "valid_calls": e.n_valid_calls,
+        "gen_seconds": e.gen_seconds, "env_seconds": e.env_seconds,
+        "rewards": json.dumps(e.rewards, sort_keys=True),
+        "calls": json.dumps(e.calls, ensure_ascii=False, default=str),
+        "messages": render_messages(e, decode),
+        "tool_errors": json.dumps(e.tool_errors, ensure_ascii=False, default=str), "category": category,
+    }
 
 
 class TrajectoryLog:
@@ -183,11 +199,13 @@ def trajectory_files(run_dir: str | Path) -> list[tuple[int, int, Path]]:
 
 
 def read_trajectories(run_dir: str | Path, *, step: int | None = None, task_id: str | None = None,
-                      failed: bool = False, limit: int | None = None) -> list[dict]:
-    """The recorded episodes, by step then group, with ``rewards`` and ``calls`` parsed.
+                      failed: bool = False, limit: int | None = None, category: str | None = None) -> list[dict]:
+    """The recorded episodes, by step then group, with ``rewards``, ``calls`` and ``tool_errors``
+    parsed (files written before ``tool_errors`` and ``category`` existed read as having none).
 
     ``step``: only that step (a step no file covers raises ``TrajectoryError``); ``task_id``: only
-    that task; ``failed``: only episodes with outcome < 1; ``limit``: at most that many."""
+    that task; ``failed``: only episodes with outcome < 1; ``category``: only tasks of that
+    category; ``limit``: at most that many."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -204,8 +222,10 @@ def read_trajectories(run_dir: str | Path, *, step: int | None = None, task_id: 
         except (pa.ArrowException, OSError) as err:
             raise TrajectoryError(f"{path}: not a readable Parquet file: {err}") from None
         for row in rows:
+            row = {"tool_errors": "[]", "category": None, **row}
             if ((step is None or row["step"] == step) and (task_id is None or row["task_id"] == task_id)
-                    and not (failed and (row["outcome"] or 0.0) >= 1.0)):
+                    and not (failed and (row["outcome"] or 0.0) >= 1.0)
+                    and (category is None or row["category"] == category)):
                 out.append({**row, **{k: json.loads(row[k]) for k in JSON_FIELDS}})
                 if limit is not None and len(out) >= limit:
                     return out

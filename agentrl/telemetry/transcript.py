@@ -1,7 +1,8 @@
 """``agentrl show``: recorded episodes (``telemetry/trajectories.py``) as text a person can read.
 
-Each episode prints a header (step, task, behaviour version, outcome and progress, turns passed,
-termination, size), its rewards, the conversation and the parsed calls log. The records keep the
+Each episode prints a header (step, or ``eval`` for an evaluation's records, task, behaviour
+version, outcome and progress, turns passed, termination, size, tool errors), its rewards, the
+conversation, the parsed calls log and the exceptions its plugin tools raised. The records keep the
 chat template's text verbatim; for reading, chunks are split at the template's message headers
 (ChatML's ``<|im_start|>role``, Llama-3's ``<|start_header_id|>``), the remaining special tokens
 are dropped, tool responses are shown as ``tool`` lines, and long messages are cut (``raw``
@@ -23,7 +24,7 @@ _TOOL_RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.S)
 MAX_CHARS = 600  # per message, unless raw
 LABEL = 11  # label column width ("environment")
 STYLES = {"header": "bold", "assistant": "green", "tool": "yellow", "user": "cyan", "calls": "magenta",
-          "turn": "dim", "rewards": "dim", "system": "dim"}
+          "turn": "dim", "rewards": "dim", "system": "dim", "error": "bold red"}
 
 
 def split_messages(text: str) -> list[tuple[str | None, str]]:
@@ -64,10 +65,14 @@ def _number(value: float | None) -> str:
 
 def header(row: dict) -> str:
     passed = row["turn_passed"]
-    return (f"step {row['step']} | task {row['task_id']} | v{row['policy_version']} | group {row['group_id']} "
-            f"#{row['index']} | outcome {_number(row['outcome'])} progress {_number(row['progress'])} | "
-            f"turns passed {sum(passed)}/{row['n_turns']} | {row['termination']} | "
-            f"{row['tokens']} tokens, {row['policy_tokens']} policy")
+    evaluated = str(row["group_id"]).startswith("eval/")  # agentrl eval's records (trajectories.eval_records)
+    where = "eval" if evaluated else f"step {row['step']}"
+    task = f"task {row['task_id']}" + (f" ({row['category']})" if row.get("category") else "")
+    group = "" if evaluated else f" | group {row['group_id']} #{row['index']}"
+    errors = len(row.get("tool_errors") or ())
+    return (f"{where} | {task} | v{row['policy_version']}{group} | outcome {_number(row['outcome'])} "
+            f"progress {_number(row['progress'])} | turns passed {sum(passed)}/{row['n_turns']} | {row['termination']} | "
+            f"{row['tokens']} tokens, {row['policy_tokens']} policy" + (f" | {errors} tool error(s)" if errors else ""))
 
 
 def episode_lines(row: dict, raw: bool = False) -> list[tuple[str, str]]:
@@ -89,6 +94,11 @@ def episode_lines(row: dict, raw: bool = False) -> list[tuple[str, str]]:
             args = json.dumps(call.get("arguments"), ensure_ascii=False)
             obs = json.dumps(call.get("observation"), ensure_ascii=False)
             lines.append((f"{'calls':<{LABEL}} turn {t + 1}: {call.get('name')}({args}) -> {_cut(obs, raw)}", "calls"))
+    for error in row.get("tool_errors") or ():
+        args = json.dumps(error.get("arguments"), ensure_ascii=False)
+        where = f" at {error['where']}" if error.get("where") else ""
+        lines.append((f"{'tool error':<{LABEL}} turn {int(error.get('turn', 0)) + 1}: {error.get('tool')}({args}) raised "
+                      f"{error.get('type')}: {error.get('message')}{where}", "error"))
     return lines
 
 
