@@ -278,9 +278,11 @@ def test_lora_activations_match_what_autograd_saves():
 
 def test_logits_are_chunked_at_2_pow_26_elements():
     dims = ModelDims.from_hf_config(PUBLIC["Qwen2.5-0.5B"][0])
-    assert logit_elements(dims, 8 * 4096, 4096) <= MAX_LOGIT_ELEMENTS
-    assert logit_elements(dims, 4 * 100, 100) == 4 * 99 * dims.vocab  # small: the whole [B, T-1, V] at once
-    assert logit_elements(dims, 1024 * 64, 64) == 1024 * dims.vocab  # rows x V > 2^26: one position per chunk
+    chunk = MAX_LOGIT_ELEMENTS // dims.vocab  # 441 scored positions of 151,936 logits
+    assert logit_elements(dims, 8 * 4096, 4096) == chunk * dims.vocab <= MAX_LOGIT_ELEMENTS
+    assert logit_elements(dims, 300, 100) == 300 * dims.vocab  # fewer tokens than a chunk: all at once
+    # the head runs on gathered positions: the rows' layout does not matter
+    assert logit_elements(dims, 1024 * 64, 64) == logit_elements(dims, 1024 * 64, 1024 * 64)
 
 
 # ---------------------------------------------------------------------------- the whole estimate

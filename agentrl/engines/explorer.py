@@ -64,13 +64,15 @@ class Explorer:
         if self.steps > 1:  # pi_old of the derivation = B before its first step = A, needed up front
             with torch.no_grad():
                 for m in micro:
-                    m.old_logprobs = token_logprobs(self.model, m.input_ids, m.attention_mask, temperature=self.temperature)
+                    m.old_logprobs = token_logprobs(self.model, m.input_ids, m.attention_mask, score_mask=m.response_mask,
+                                                    temperature=self.temperature)
         opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.0)
         losses = []
         for _ in range(self.steps):
             total = 0.0
             for m in micro:
-                lp = token_logprobs(self.model, m.input_ids, m.attention_mask, temperature=self.temperature)
+                lp = token_logprobs(self.model, m.input_ids, m.attention_mask, score_mask=m.response_mask,
+                                    temperature=self.temperature)
                 if m.old_logprobs is None:  # one step: pi_old is this very forward (B = A)
                     m.old_logprobs = lp.detach()
                 loss, _ = policy_loss(lp, m.old_logprobs, m.advantages, m.response_mask, self.loss_cfg,
@@ -127,7 +129,8 @@ class Explorer:
         (``old_logprobs``) as the sampling side."""
         total = 0.0
         for m in micro:
-            lp_b = token_logprobs(self.model, m.input_ids, m.attention_mask, temperature=self.temperature)
+            lp_b = token_logprobs(self.model, m.input_ids, m.attention_mask, score_mask=m.response_mask,
+                                  temperature=self.temperature)
             total += float(aggregate_tokens(kl_penalty(m.old_logprobs, lp_b, "k3"), m.response_mask, n_tok))
         return total
 

@@ -257,21 +257,19 @@ def decoder_saved_bytes(dims: ModelDims, p: int, tokens: int, seq_len: int, *, g
 
 
 def logit_elements(dims: ModelDims, tokens: int, seq_len: int, max_logit_elements: int = MAX_LOGIT_ELEMENTS) -> int:
-    """Elements of the largest logits chunk ``hf_policy.token_logprobs`` materializes: rows x chunk
-    x V with chunk = max(1, 2^26 // (rows V)) positions, at most the rows' T - 1 scored positions."""
-    rows = math.ceil(tokens / seq_len)
-    chunk = max(1, max_logit_elements // max(1, rows * dims.vocab))
-    return rows * min(max(1, seq_len - 1), chunk) * dims.vocab
+    """Elements of the largest logits chunk the log-prob head (``engines/logprob_head.py``)
+    materializes: chunk x V, with chunk = max(1, 2^26 // V) scored positions, at most the
+    micro-batch's tokens (the head runs on the policy tokens only; all of them is the bound)."""
+    return min(tokens, max(1, max_logit_elements // max(1, dims.vocab))) * dims.vocab
 
 
 def logits_bytes(dims: ModelDims, p: int, tokens: int, seq_len: int, max_logit_elements: int = MAX_LOGIT_ELEMENTS) -> int:
-    """Working set of one LM-head chunk of E elements (``logit_elements``): the head's output in
-    dtype p (when p < 4; in fp32 ``.float()`` is the same tensor), its fp32 copy (4 E), and two
-    more fp32 tensors of E: the softmax and softmax x logits of the entropy in the forward, the
-    two partial logit gradients in the backward: (12 + p) E, 12 E in fp32. The chunk is recomputed
-    in backward (activation checkpointing), so only one chunk is alive at a time."""
+    """Working set of one log-prob-head chunk of E elements (``logit_elements``), in its backward
+    (the larger phase): the recomputed logits, log p, p and the logits' gradient in fp32 (16 E),
+    plus the gradient cast to the compute dtype p when p < 4 (bf16 autocast). Only one chunk is
+    alive at a time, and nothing of it is kept between forward and backward."""
     e = logit_elements(dims, tokens, seq_len, max_logit_elements)
-    return e * (12 + (p if p < 4 else 0))
+    return e * (16 + (p if p < 4 else 0))
 
 
 # ---------------------------------------------------------------------------- model states
@@ -403,6 +401,7 @@ def estimate_learner_memory(
     lora_target_modules: Any = LORA_ALL_LINEAR,
     reduce_bucket_elements: int = REDUCE_BUCKET_ELEMENTS,
     sub_group_size: int = SUB_GROUP_SIZE,
+    autocast: str | None = None,
 ) -> MemoryEstimate:
     """Per-rank device and host bytes of a ``DeepSpeedLearner`` step.
 
@@ -411,7 +410,8 @@ def estimate_learner_memory(
     padded row (default: all tokens in one row, as with packing): it sets the eager attention
     term, the mask and the logits chunking. ``lora_rank`` > 0: LoRA with ``lora_params`` adapter
     parameters (0 = computed from ``lora_target_modules``). ``critic_dims``: the critic's causal
-    LM when it is not the policy's.
+    LM when it is not the policy's. ``autocast`` (``learner.autocast``): the policy's and
+    critic's activations are kept in that dtype, while the model states stay in ``dtype``.
 
     Terms (bytes per rank):
 
@@ -468,10 +468,11 @@ def estimate_learner_memory(
                                               lora_rank=lr, lora_targets=lt)
         return saved + micro_batch_tokens * ((layer if ckpt else 0) + 2 * q * d.hidden)
 
-    acts = [working(dims, p, gradient_checkpointing, lora_rank, lora_targets)]
-    logits = [logits_bytes(dims, p, micro_batch_tokens, seq_len)]
+    a = DTYPE_BYTES[autocast] if autocast else p  # the compute dtype: activations and the head's matmuls
+    acts = [working(dims, a, gradient_checkpointing, lora_rank, lora_targets)]
+    logits = [logits_bytes(dims, a, micro_batch_tokens, seq_len)]
     if with_critic:
-        acts.append(working(cdims, p, gradient_checkpointing))
+        acts.append(working(cdims, a, gradient_checkpointing))
     if with_explorer:
         acts.append(working(dims, 4, False))
         logits.append(logits_bytes(dims, 4, micro_batch_tokens, seq_len))
@@ -479,7 +480,7 @@ def estimate_learner_memory(
     device["logits"] = max(logits)
     inputs = dict(dtype=dtype, micro_batch_tokens=micro_batch_tokens, seq_len=seq_len, with_reference=with_reference,
                   with_critic=with_critic, with_explorer=with_explorer, gradient_checkpointing=gradient_checkpointing,
-                  lora_rank=lora_rank, lora_params=lora_params, n_params=dims.n_params, **zero)
+                  lora_rank=lora_rank, lora_params=lora_params, n_params=dims.n_params, autocast=autocast, **zero)
     return MemoryEstimate(device=device, host=host, init_host=max(loads), inputs=inputs)
 
 
@@ -504,7 +505,7 @@ def estimate_for_config(cfg: Any, dims: ModelDims | None = None, critic_dims: Mo
         offload_params=lc.offload_params, gradient_checkpointing=lc.gradient_checkpointing, micro_batch_tokens=tokens,
         seq_len=seq_len, with_reference=algo.kl_coef > 0, with_critic=needs_critic, with_explorer=cfg.rspo.enabled,
         lora_rank=lora.rank, lora_target_modules=lora.target_modules, critic_dims=critic_dims,
-        attn_implementation=lc.attn_implementation or "sdpa",
+        attn_implementation=lc.attn_implementation or "sdpa", autocast=lc.autocast,
     )
 
 
