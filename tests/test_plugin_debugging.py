@@ -187,6 +187,16 @@ def test_eval_reports_a_raising_tool_and_show_opens_the_evaluation(placement, en
 
 
 @pytest.mark.integration
+def test_eval_writes_under_run_output_dir_without_out(env, tiny_model_dir, ray_cluster, tmp_path, capsys):
+    code = main(["eval", "--tasks", str(env / "heldout.jsonl"), "--policy", "gold", "--model", str(tiny_model_dir),
+                 f"envs.plugins=[{env / 'env.py'}]", f"run.output_dir={tmp_path / 'elsewhere'}"])
+    assert code == 0
+    assert f"per-entry results: {tmp_path / 'elsewhere' / 'eval' / 'results.jsonl'}" in capsys.readouterr().out
+    assert len((tmp_path / "elsewhere" / "eval" / "results.jsonl").read_text().splitlines()) == 2
+    assert list((tmp_path / "elsewhere" / "eval" / "trajectories").glob("steps-*.parquet"))
+
+
+@pytest.mark.integration
 def test_on_tool_error_fail_stops_the_evaluation_with_one_message(env, tiny_model_dir, ray_cluster, tmp_path, capsys):
     code = main(["eval", "--tasks", str(env / "heldout.jsonl"), "--policy", "gold", "--model", str(tiny_model_dir),
                  "--out", str(tmp_path / "r.jsonl"), f"envs.plugins=[{env / 'env.py'}]", "rollout.on_tool_error=fail"])
@@ -254,3 +264,22 @@ def test_the_docs_idle_check_runs_as_written_on_the_example(monkeypatch):
     page = (ROOT / "docs" / "own_tools.md").read_text(encoding="utf-8")
     [snippet] = [b for b in re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M) if "idle_episode" in b]
     exec(compile(snippet.replace("my_tools/config.yaml", "examples/own_tools/config.yaml"), "own_tools.md", "exec"), {})
+
+
+def test_records_written_before_tool_errors_existed_still_read(tmp_path):
+    """A run recorded before ``tool_errors`` and ``category`` were columns: read as having none."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from agentrl.telemetry.trajectories import TRAJECTORY_DIR, _schema, file_name, read_trajectories
+
+    row = {"step": 1, "task_id": "t", "group_id": "g", "index": 0, "policy_version": 0, "outcome": 0.0, "progress": 0.0,
+           "termination": "done", "n_turns": 1, "turn_passed": [False], "tokens": 3, "policy_tokens": 1,
+           "prompt_tokens": 2, "call_blocks": 0, "valid_calls": 0, "gen_seconds": 0.0, "env_seconds": 0.0,
+           "rewards": "{}", "calls": "[[]]", "messages": [{"role": "prompt", "turn": 0, "text": "hi"}]}
+    old = pa.schema([f for f in _schema() if f.name not in ("tool_errors", "category")])
+    (tmp_path / TRAJECTORY_DIR).mkdir()
+    pq.write_table(pa.Table.from_pylist([row], schema=old), tmp_path / TRAJECTORY_DIR / file_name(1, 1))
+    [read] = read_trajectories(tmp_path, failed=True)
+    assert read["tool_errors"] == [] and read["category"] is None
+    assert read_trajectories(tmp_path, category="base") == []
