@@ -438,6 +438,10 @@ def test_the_example_trains_two_steps_through_the_real_stack(ray_cluster, tmp_pa
         for key in ("reward/process", "reward/process/format", "reward/omission", "reward/summary"):
             assert key in s, key
     assert sum("eval/success" in r for r in rows) == 2  # held-out, before and after
+    assert all(s["train/tool_errors"] == 0 for s in steps)  # the example's tools never raise
+    for r in (r for r in rows if "eval/success" in r):  # only what the plugin's tasks define: no bank suite keys
+        assert r["eval/tool_errors"] == 0 and not [k for k in r if k.startswith(("eval/behaviour/", "eval/success/"))]
+        assert "eval/omission_rate" not in r  # (eval/summary_score is there: one held-out task has answer_facts)
 
     from agentrl.telemetry.trajectories import read_trajectories
 

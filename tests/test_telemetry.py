@@ -167,6 +167,16 @@ def test_report_draws_rods_panels_when_the_run_used_rods(tmp_path):
     assert height(rods) == height(plain) * 4 // 3  # one more row of panels (3 -> 4)
 
 
+def test_report_panels_show_the_behaviours_and_categories_a_run_logged():
+    from agentrl.telemetry.report import PANELS, report_panels
+
+    plugin = report_panels([{"step": 0, "eval/success": 0.5, "eval/behaviour/listed_first": 1.0}])
+    assert plugin["held-out behaviour rates"] == [("eval/behaviour/listed_first", "listed_first")]
+    assert plugin["held-out success by category"] == PANELS["held-out success by category"]  # none logged: no data
+    bank = report_panels([{"step": 0, "eval/success/base": 1.0, "eval/behaviour/miss_param_ask": 0.5}])
+    assert bank["held-out success by category"] == [("eval/success/base", "base")]
+
+
 @pytest.mark.parametrize("content", [None, "", "not json\n[1,2]\n"])
 def test_report_without_data(tmp_path, content):
     if content is not None:

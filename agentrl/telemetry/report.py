@@ -72,15 +72,25 @@ RODS_PANELS = {
 }
 
 
+def report_panels(records: list[dict]) -> dict[str, list[tuple[str, str]]]:
+    """The panels drawn for ``records``: ``PANELS``, with the held-out categories and behaviours the
+    run's tasks define (a plugin's own; ``PANELS``' when none was logged), and RODS's if it ran."""
+    panels = dict(PANELS)
+    for title, prefix in (("held-out success by category", "eval/success/"), ("held-out behaviour rates", "eval/behaviour/")):
+        if found := sorted({k for r in records for k in r if k.startswith(prefix)}):
+            panels[title] = [(k, k[len(prefix):]) for k in found]
+    if any("pool/size" in r for r in records):
+        panels.update(RODS_PANELS)
+    return panels
+
+
 def write_report(run_dir: str | Path) -> Path:
     """Draw the report for ``run_dir`` and return its path (written even when there is no data)."""
     from matplotlib.figure import Figure
 
     run_dir = Path(run_dir)
     records = read_metrics(run_dir / METRICS_FILE)
-    panels = dict(PANELS)
-    if any("pool/size" in r for r in records):
-        panels.update(RODS_PANELS)
+    panels = report_panels(records)
     rows = len(panels) // 2
     fig = Figure(figsize=(10, 3.5 * rows), dpi=80)
     axes = fig.subplots(rows, 2).flatten()
