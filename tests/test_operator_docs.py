@@ -2,7 +2,8 @@
 
 * every key `--resume` accepts (`agentrl/config/resume.py`, `RESUMABLE`) is in docs/operating.md's
   list, and the list names nothing else;
-* every pod of every KubeRay manifest has the same termination grace, and a RayJob's
+* every pod of every KubeRay manifest has the same termination grace, a preStop hook that passes
+  the pod's SIGTERM on to the run and waits less than the grace, and a RayJob's
   `RAY_JOB_STOP_WAIT_TIME_S` (how long `ray job stop` waits before its SIGKILL) fits inside it;
 * the task id README's `agentrl show --task` example names is one the quickstart trains on;
 * the statements issue 40 found false stay gone.
@@ -49,9 +50,16 @@ def test_every_pod_has_the_same_grace_and_ray_job_stop_waits_within_it(path):
     manifest = yaml.safe_load(path.read_text())
     graces = {pod.get("terminationGracePeriodSeconds") for pod in _pods(manifest)}
     assert len(graces) == 1 and None not in graces, f"{path.name}: {graces}"
+    grace = graces.pop()
     if manifest["kind"] == "RayJob":
         env = yaml.safe_load(manifest["spec"]["runtimeEnvYAML"])["env_vars"]
-        assert 0 < int(env["RAY_JOB_STOP_WAIT_TIME_S"]) < graces.pop(), path.name
+        assert 0 < int(env["RAY_JOB_STOP_WAIT_TIME_S"]) < grace, path.name
+    # every container passes the pod's SIGTERM on to the run first (agentrl/runtime/prestop.py), within the grace
+    for pod in _pods(manifest):
+        for container in pod["containers"]:
+            command = container["lifecycle"]["preStop"]["exec"]["command"]
+            assert command[:3] == ["python", "-m", "agentrl.runtime.prestop"], (path.name, command)
+            assert 0 < float(command[command.index("--timeout") + 1]) < grace, (path.name, command)
 
 
 def test_readme_show_example_names_a_task_the_quickstart_trains_on():
@@ -81,6 +89,7 @@ def test_readme_show_example_names_a_task_the_quickstart_trains_on():
     ("README.md", "pip install 'agentrl[trackers]'"),
     ("docs/configuration.md", "pip install 'agentrl[trackers]'"),
     ("README.md", "as a gauge named `agentrl_*`"),
+    ("docs/operating.md", "Only the driver handles SIGTERM"),
 ])
 def test_statements_found_false_stay_gone(path, false_statement):
     assert false_statement not in (ROOT / path).read_text()

@@ -29,19 +29,24 @@ from agentrl.config import Config
 from agentrl.config.schema import explorer_group_size
 from agentrl.runtime.hub import HubModelError, parse_hub_id, resolve_hub_model
 from agentrl.runtime.placement import rollout_bundle, rollout_uses_groups
+from agentrl.runtime.preemption import NOTICE_HOOK
 
 
 def init_ray(cfg: Config) -> bool:
-    """Connect to (or start) Ray; True when this call started/connected it and should shut it down."""
+    """Connect to (or start) Ray; True when this call started/connected it and should shut it down.
+    Every worker process of the run gets the preemption notice handler (runtime/preemption.py): a
+    SIGTERM to an actor makes the driver checkpoint and stop, as one to the driver does. Under `ray
+    job submit` Ray merges this with the job's runtime_env."""
     if ray.is_initialized():
         return False
+    hook = {"worker_process_setup_hook": NOTICE_HOOK}
     if cfg.runtime.ray_address:
-        ray.init(address=cfg.runtime.ray_address, log_to_driver=True)
+        ray.init(address=cfg.runtime.ray_address, log_to_driver=True, runtime_env=hook)
     elif os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=True)  # under `ray job submit`, or a user-started cluster
+        ray.init(log_to_driver=True, runtime_env=hook)  # under `ray job submit`, or a user-started cluster
     else:
         tmp = os.environ.get("RAY_TMPDIR", "/tmp/agentrl-ray")
-        ray.init(num_cpus=embedded_cpus(cfg), include_dashboard=True, _temp_dir=tmp, log_to_driver=True)
+        ray.init(num_cpus=embedded_cpus(cfg), include_dashboard=True, _temp_dir=tmp, log_to_driver=True, runtime_env=hook)
     return True
 
 
