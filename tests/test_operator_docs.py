@@ -13,6 +13,7 @@ Static checks only: no Ray, torch or network.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -54,6 +55,16 @@ def test_every_pod_has_the_same_grace_and_ray_job_stop_waits_within_it(path):
     if manifest["kind"] == "RayJob":
         env = yaml.safe_load(manifest["spec"]["runtimeEnvYAML"])["env_vars"]
         assert 0 < int(env["RAY_JOB_STOP_WAIT_TIME_S"]) < grace, path.name
+    # the storage secret on every container (the driver and every learner rank write to run.storage)
+    for pod in _pods(manifest):
+        for container in pod["containers"]:
+            assert any(e.get("secretRef", {}).get("name") == "agentrl-s3" for e in container.get("envFrom", [])), path.name
+    # GPU workers advertise the GPU memory their `# agentrl-plan-shape:` line declares (the plan check reads it)
+    spec = manifest["spec"].get("rayClusterSpec", manifest["spec"])
+    shape = re.search(r"^#\s*agentrl-plan-shape:\s*(\S+)", path.read_text(), re.M).group(1)
+    declared = {float(g) for g in re.findall(r"gpu_gib=([\d.]+)", shape)}
+    advertised = {json.loads(json.loads(g["rayStartParams"]["resources"]))["gpu_gib"] for g in spec["workerGroupSpecs"]}
+    assert advertised == declared, (path.name, advertised, declared)
     # every container passes the pod's SIGTERM on to the run first (agentrl/runtime/prestop.py), within the grace
     for pod in _pods(manifest):
         for container in pod["containers"]:
