@@ -283,3 +283,25 @@ def test_records_written_before_tool_errors_existed_still_read(tmp_path):
     [read] = read_trajectories(tmp_path, failed=True)
     assert read["tool_errors"] == [] and read["category"] is None
     assert read_trajectories(tmp_path, category="base") == []
+
+
+def test_a_builtin_style_domain_bug_is_recorded_too():
+    """``ExecutableBackend`` (the builtin suite's) records an exception other than its ToolError
+    the same way: a bug of the domain, not a mistake of the model."""
+    from agentrl.envs.builtin.base import Domain
+    from agentrl.envs.executable import ExecutableBackend
+
+    class Clock(Domain):
+        def tick(self, n: int) -> dict:
+            """Advance the clock.
+
+            Args:
+                n: Ticks.
+            """
+            return {"ratio": 1 / n}
+
+    backend = ExecutableBackend.for_classes({}, ["Clock"], classes={"Clock": Clock})
+    assert backend.execute(ToolCall(name="tick", arguments={"n": 2})) == {"ratio": 0.5}
+    assert backend.execute(ToolCall(name="tick", arguments={"n": 0}))["error"].startswith("tick failed: ZeroDivisionError")
+    [error] = backend.tool_errors
+    assert (error["tool"], error["arguments"], error["type"]) == ("tick", {"n": 0}, "ZeroDivisionError")

@@ -18,11 +18,20 @@ from typing import Any
 import jsonschema
 
 from agentrl.envs.builtin import BUILTIN_CLASSES, Domain, ToolError
+from agentrl.envs.plugins import plugin_where
 from agentrl.envs.toolspec import function_spec
 from agentrl.tasks.schema import Task, ToolCall
 
 # (validator, allowed argument names or None for any, integer argument names) of one tool's schema
 ArgChecks = tuple[jsonschema.protocols.Validator, frozenset[str] | None, frozenset[str]]
+
+
+def tool_error(call: ToolCall, exc: BaseException) -> dict[str, Any]:
+    """One tool exception as a record (``Episode.tool_errors``): the tool, its arguments, the
+    exception's type and message, and where in a plugin it was raised (``file:line``, "" when it
+    was not in a plugin). The session adds the turn (``envs.session.LocalEnvSession``)."""
+    return {"tool": call.name, "arguments": json.loads(json.dumps(call.arguments, default=str)),
+            "type": type(exc).__name__, "message": str(exc), "where": plugin_where(exc)}
 
 
 def checked_call(call: ToolCall, checks: ArgChecks, run: Callable[[dict[str, Any]], Any],
@@ -116,6 +125,7 @@ class ExecutableBackend:
             cname: classes[cname](copy.deepcopy(initial_state.get(cname) or {})) for cname in used
         }
         self._tools = {t: self.instances[owners[t]] for t in tools}
+        self.tool_errors: list[dict] = []  # exceptions other than ToolError: bugs of a domain (``tool_error``)
 
     @property
     def tool_names(self) -> list[str]:
@@ -127,7 +137,8 @@ class ExecutableBackend:
         if instance is None:
             return {"error": f"unknown tool {call.name!r}"}
         method = getattr(instance, call.name)
-        return checked_call(call, _tool_entry(type(instance), call.name), lambda args: method(**args), (ToolError,))
+        return checked_call(call, _tool_entry(type(instance), call.name), lambda args: method(**args), (ToolError,),
+                            on_crash=lambda c, exc: self.tool_errors.append(tool_error(c, exc)))
 
     def state(self) -> dict[str, Any]:
         return {cname: inst.snapshot() for cname, inst in self.instances.items()}

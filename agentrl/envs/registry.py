@@ -41,8 +41,8 @@ import jsonschema
 
 from agentrl.envs.base import ToolBackend
 from agentrl.envs.builtin import BUILTIN_CLASSES
-from agentrl.envs.executable import ArgChecks, ExecutableBackend, checked_call
-from agentrl.envs.plugins import load_env_plugins, plugin_where, plugins_hint
+from agentrl.envs.executable import ArgChecks, ExecutableBackend, checked_call, tool_error
+from agentrl.envs.plugins import load_env_plugins, plugins_hint
 from agentrl.envs.toolspec import function_spec
 from agentrl.tasks.io import register_task_hook
 from agentrl.tasks.schema import FunctionSpec, Task, ToolCall, ToolSpec
@@ -182,13 +182,6 @@ def _validator(parameters: str) -> ArgChecks:
     closed = "properties" in schema and schema.get("additionalProperties", False) is False
     ints = frozenset(k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "integer")
     return jsonschema.Draft202012Validator(schema), (frozenset(props) if closed else None), ints
-
-
-def tool_error(call: ToolCall, exc: BaseException) -> dict[str, Any]:
-    """One tool exception as a record (``Episode.tool_errors``): the tool, its arguments, the
-    exception's type and message, and where in the plugin it was raised (``file:line``)."""
-    return {"tool": call.name, "arguments": json.loads(json.dumps(call.arguments, default=str)),
-            "type": type(exc).__name__, "message": str(exc), "where": plugin_where(exc)}
 
 
 def _message(exc: BaseException) -> str:
