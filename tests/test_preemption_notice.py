@@ -6,7 +6,8 @@ posts a notice to the cluster's key-value store and lets the process work on. Ch
 the installed Ray, in a subprocess that starts its own embedded cluster as ``agentrl train`` does:
 a sync actor busy in a call and an async actor idle each get a SIGTERM; both stay alive, the busy
 call returns, and the driver's ``StopOnSignal`` reports the first notice (process title, pid,
-node); the notices are cleared when the block ends. The whole run (a learner rank's and a rollout
+node); the notices are cleared when the block ends. ``ray.kill`` (a hung actor's restart, the
+shutdown) posts none. The whole run (a learner rank's and a rollout
 worker's SIGTERM -> checkpoint -> ``--resume auto``) is tests/test_preemption.py's two-node test.
 """
 
@@ -61,6 +62,23 @@ with StopOnSignal() as stop:
     print("REQUESTED", stop.requested)
     assert ray.get([busy.pid.remote(), idle.pid.remote()], timeout=30) == [busy_pid, idle_pid]  # both alive
 print("LEFT", len(notices()))
+
+# ray.kill, which the runtime uses on hung actors (a restart) and at shutdown, is no notice: Ray
+# ends the process without a SIGTERM, and at once
+victim = Busy.options(max_restarts=1).remote()
+first = ray.get(victim.pid.remote())
+t0 = time.monotonic()
+ray.kill(victim, no_restart=False)
+second = first
+while second == first and time.monotonic() - t0 < 60:  # the restarted actor is a new process
+    time.sleep(0.5)
+    try:
+        second = ray.get(victim.pid.remote(), timeout=60)
+    except ray.exceptions.RayActorError:
+        continue
+ray.kill(victim, no_restart=True)
+time.sleep(2)
+print("KILLS", first != second, round(time.monotonic() - t0, 1), len(notices()))
 ray.shutdown()
 """
 
@@ -81,3 +99,5 @@ def test_an_actors_sigterm_is_a_notice_the_driver_sees(tmp_path):
     assert line.startswith("REQUESTED SIGTERM to ray::Busy") and "(pid " in line, line
     assert "agentrl: SIGTERM to ray::Busy" in res.stdout and "then a checkpoint and exit 75" in res.stdout
     assert "LEFT 0" in res.stdout
+    kills = next(x for x in res.stdout.splitlines() if x.startswith("KILLS")).split()
+    assert kills[1] == "True" and float(kills[2]) < 30 and kills[3] == "0", kills
