@@ -218,15 +218,20 @@ def _wait_for_nodes(ray_bin: str, env: dict, address: str, count: int, timeout: 
 def test_sigterm_to_a_learner_rank_or_a_rollout_worker_checkpoints_and_resume_auto_continues(tiny_model_dir, two_nodes,
                                                                                               tmp_path):
     """On a two-node cluster (the rollout worker on the worker node, by a custom resource), `agentrl
-    train --resume auto` runs as a separate driver. A SIGTERM to the learner rank's process: the
-    step in progress finishes, a checkpoint is written, exit 75, the notice named in the output.
+    train --resume auto` runs as a separate driver, with run.storage. A SIGTERM to the learner
+    rank's process: the step in progress finishes, a complete checkpoint is in storage (its
+    manifest), exit 75, the notice named in the output.
     The same command again resumes; a SIGTERM to the rollout worker's process (its vLLM engine's
     host) does the same. The third time the run finishes: every step logged once, the learner
     state each resume loaded equal to the saved one (digest)."""
     import subprocess
     import sys
 
+    from agentrl.runtime.checkpoint import PREFIX
+    from agentrl.runtime.storage import Storage
+
     env, temp = two_nodes
+    stored = Storage(tmp_path / "store").child("job")
     config = tmp_path / "job.yaml"
     config.write_text(dump_config(load_config(None, [
         f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path / 'runs'}", "run.name=job", "tasks.heldout_size=2",
@@ -234,7 +239,7 @@ def test_sigterm_to_a_learner_rank_or_a_rollout_worker_checkpoints_and_resume_au
         "learner.lr=1e-3", "train.steps=6", "train.checkpoint_every=100", "train.eval_at_start=false",
         "train.eval_at_end=false", "telemetry.progress=false", "telemetry.trajectories_every=0",
         "telemetry.ray_metrics=false", "telemetry.tensorboard=false", "runtime.rollout_worker_resources={rollout: 1}",
-        "runtime.learner_cpus=1", "runtime.rollout_worker_cpus=1"])))
+        "runtime.learner_cpus=1", "runtime.rollout_worker_cpus=1", f"run.storage={tmp_path / 'store'}"])))
     run = tmp_path / "runs" / "job"
 
     def attempt(victim: str | None, name: str) -> tuple[int, str]:
@@ -263,14 +268,14 @@ def test_sigterm_to_a_learner_rank_or_a_rollout_worker_checkpoints_and_resume_au
     assert "agentrl: SIGTERM to ray::LearnerActor" in out and "then a checkpoint and exit 75" in out, out[-3000:]
     first = [r["step"] for r in _jsonl(run / METRICS_FILE)]
     assert first == list(range(1, len(first) + 1)) and 1 <= first[-1] < 6
-    assert [s for s, _ in complete_checkpoints(run)] == [first[-1]]  # the step in progress finished, then saved
+    assert stored.complete_numbered(PREFIX) == [first[-1]]  # the step in progress finished, then saved
 
     rc, out = attempt("RolloutWorker", "rollout")
     assert rc == EXIT_PREEMPTED, out[-3000:]
     assert "agentrl: SIGTERM to ray::RolloutWorker" in out, out[-3000:]
     second = [r["step"] for r in _jsonl(run / METRICS_FILE)]
     assert second == list(range(1, len(second) + 1)) and first[-1] < second[-1] < 6
-    assert complete_checkpoints(run)[-1][0] == second[-1]
+    assert stored.complete_numbered(PREFIX)[-1] == second[-1]
 
     rc, out = attempt(None, "finish")
     assert rc == 0, out[-3000:]
