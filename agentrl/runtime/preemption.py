@@ -86,7 +86,10 @@ class StopOnSignal:
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
-        clear_notices()  # a long-lived cluster keeps its KV store: leave nothing of this job there
+        try:  # a long-lived cluster keeps its KV store: leave nothing of this job there
+            clear_notices()
+        except Exception:  # noqa: BLE001 - never mask the run's own outcome (a lost GCS among them)
+            pass
 
 
 # ---------------------------------------------------------------------------- worker processes
@@ -135,8 +138,12 @@ def notices(job_id: str | None = None) -> list[dict]:
 
     job_id = job_id or ray.get_runtime_context().get_job_id()
     out = []
-    for key in _internal_kv_list(f"{job_id}/", namespace=NOTICE_NAMESPACE):
-        raw = _internal_kv_get(key, namespace=NOTICE_NAMESPACE)
+    try:
+        keys = _internal_kv_list(f"{job_id}/", namespace=NOTICE_NAMESPACE)
+        raws = [_internal_kv_get(key, namespace=NOTICE_NAMESPACE) for key in keys]
+    except Exception:  # noqa: BLE001 - an unreachable store is no notice; the next step looks again
+        return []
+    for raw in raws:
         try:
             out.append(json.loads(raw))
         except (TypeError, ValueError):
