@@ -169,12 +169,12 @@ class TrainBatch:
     token_rewards: list[list[float]] | None = None
     rollout_logprobs: list[list[float]] | None = None  # the sampler's logprobs, 0 off the policy tokens
     explorer: list[bool] | None = None  # per sequence: sampled by the RSPO explorer (its IS cap applies)
+    versions: list[int] | None = None  # per sequence: the policy version whose weights sampled it
 
     def __post_init__(self) -> None:
         if (self.advantages is None) == (self.token_rewards is None):
             raise ValueError("TrainBatch needs exactly one of advantages and token_rewards")
         n = len(self.input_ids)
-    versions: list[int] | None = None  # per sequence: the policy version whose weights sampled it
         per_token = self.advantages if self.advantages is not None else self.token_rewards
         rollout = self.rollout_logprobs if self.rollout_logprobs is not None else per_token
         if not len(self.response_mask) == len(rollout) == len(per_token) == n:
