@@ -81,11 +81,11 @@ TRAIN_KEYS = ("train/success", "train/calls_per_episode", "train/groups_with_var
               "pool/region_boundary", "pool/region_too_hard", "pool/region_mastered")
 
 
-def train_quickstart(run_out: Path, overrides: list[str]) -> tuple[Path | None, float, str]:
-    """``agentrl train configs/quickstart.yaml`` with ``overrides`` into a fresh ``run_out``, in its
-    own process. Returns (run folder or None on failure, minutes, stderr tail)."""
+def train_quickstart(run_out: Path, overrides: list[str], config: Path | None = None) -> tuple[Path | None, float, str]:
+    """``agentrl train configs/quickstart.yaml`` (or ``config``) with ``overrides`` into a fresh
+    ``run_out``, in its own process. Returns (run folder or None on failure, minutes, stderr tail)."""
     shutil.rmtree(run_out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "agentrl.cli", "train", str(ROOT / "configs" / "quickstart.yaml"),
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", str(config or ROOT / "configs" / "quickstart.yaml"),
            f"run.output_dir={run_out}", "train.max_minutes=null", "telemetry.progress=false", *overrides]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)

