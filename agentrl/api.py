@@ -53,6 +53,7 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (ended with an end-of-message token) or "length"
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache served (not prefilled again)
 
 
 @dataclass

@@ -245,6 +245,10 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
     fresh = ray.get(worker.sample_one.remote(task, 123))
     assert fresh.policy_version == 1
     assert max_gap(fresh) < 2e-3
+    # vLLM's own KV-cache counters (VLLMEngine.cache_stats) over the episodes so far: later messages
+    # of an episode, and episodes of the same task, reuse cached prefixes; nothing was evicted
+    stats = ray.get(worker.__ray_call__.remote(lambda w: w.engine.cache_stats()))
+    assert stats["prefix_cache_hits"] > 0 and 0 < stats["prefix_cache_hit_rate"] < 1 and stats["preemptions"] == 0, stats
 
     # LoRA (model.lora): the learner trains adapters; the engine gets the merged weights
     from agentrl.config.schema import LoraConfig
@@ -258,6 +262,49 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
     assert max_gap(stale) > 2e-3, "the LoRA learner did not move, so this check could not detect a missing sync"
     make_weight_sync("object_store", learner, [worker]).sync(version=2)
     assert max_gap(ray.get(worker.sample_one.remote(task, 321))) < 2e-3
+    ray.kill(learner)
+    ray.get(worker.shutdown.remote())
+
+
+def test_bf16_engine_takes_the_learners_weights(tiny_model_dir, ray_cluster, tmp_path):
+    """rollout.engine.dtype=bfloat16 with a bf16-autocast learner: the engine loads the learner's
+    fp32 weights at every sync (on CPUs with AMX vLLM would pack small bf16 weights into its own
+    kernel format and empty their parameters, so the first sync failed), and afterwards its
+    sampled-token logprobs agree with the learner's within bf16's rounding, far closer than before
+    the sync."""
+    import ray
+
+    from agentrl.envs.builtin.generator import builtin_split
+    from agentrl.runtime.learner import LearnerActor
+    from agentrl.runtime.rollout_worker import RolloutWorker
+    from agentrl.runtime.tool_pool import ToolPool
+    from agentrl.weight_sync import make_weight_sync
+
+    cfg = _config(tiny_model_dir, tmp_path, "learner.lr=1e-2", "algo.kl_coef=0.0", "rollout.engine.dtype=bfloat16",
+                  "learner.autocast=bfloat16")
+    pool = ToolPool.create(1, 0.1, 8)
+    worker = RolloutWorker.options(num_cpus=1).remote(str(tiny_model_dir), cfg.rollout, "float32", pool.actors, 0)
+    learner = LearnerActor.options(num_cpus=1).remote(str(tiny_model_dir), cfg.learner, cfg.algo, "float32", 0,
+                                                      sampler_dtype="bfloat16")
+    ray.get(worker.start.remote())
+    task = builtin_split("heldout")[0]
+
+    def mean_gap(episode):
+        policy = [i for i, m in enumerate(episode.response_mask) if m]
+        learner_lp = ray.get(learner.compute_logprobs.remote([episode.token_ids]))[0]
+        return sum(abs(learner_lp[i] - episode.logprobs[i]) for i in policy) / len(policy)
+
+    group = EpisodeGroup(task.id, "probe", 0, [ray.get(worker.sample_one.remote(task, seed)) for seed in range(4)])
+    before = mean_gap(group.episodes[0])
+    for k, e in enumerate(group.episodes):
+        e.rewards = {"progress": float(k % 2), "outcome": float(k % 2)}
+    metrics = ray.get(learner.train.remote([GroupRef(ray.put(group), group.version)]))
+    assert metrics["tokens"] > 0 and metrics["old_from_rollout"] == 0.0  # one mini-batch: pi_old is the forward
+    stale = mean_gap(ray.get(worker.sample_one.remote(task, 123)))
+    make_weight_sync("object_store", learner, [worker]).sync(version=1)
+    fresh = mean_gap(ray.get(worker.sample_one.remote(task, 123)))
+    assert before < 0.05 and fresh < 0.05, (before, fresh)
+    assert stale > 4 * fresh, (stale, fresh)
     ray.kill(learner)
     ray.get(worker.shutdown.remote())
 

@@ -68,7 +68,9 @@ class VLLMEngine:
             enforce_eager=engine_cfg.enforce_eager,
             gpu_memory_utilization=engine_cfg.gpu_memory_utilization,
             worker_extension_cls="agentrl.engines.vllm_worker_ext.AgentRLWorkerExtension",
-            disable_log_stats=True,
+            # stats on: vLLM's in-process Prometheus counters (prefix-cache hits, preemptions) that
+            # ``cache_stats`` reads; nothing is logged (only a server's periodic do_log_stats logs them)
+            disable_log_stats=False,
             enable_prefix_caching=True,
             # sampled-token logprobs after temperature (and top-p) processing: the distribution the
             # token was drawn from, which the learner scores too (identical to raw at T = 1)
@@ -112,7 +114,8 @@ class VLLMEngine:
         completion = final.outputs[0]
         ids = list(completion.token_ids)
         logprobs = [step[tok].logprob for step, tok in zip(completion.logprobs, ids)]
-        return Generation(ids, logprobs, "stop" if completion.finish_reason == "stop" else "length")
+        return Generation(ids, logprobs, "stop" if completion.finish_reason == "stop" else "length",
+                          cached_tokens=final.num_cached_tokens or 0)
 
     async def generate_json(
         self,
@@ -199,6 +202,21 @@ class VLLMEngine:
         # Cached prefixes hold KV computed by the old weights.
         await self.engine.reset_prefix_cache()
         await self.engine.resume_generation()
+
+    @staticmethod
+    def cache_stats() -> dict[str, float]:
+        """This process's engines' KV-cache counters so far, from vLLM's own metrics: prefix-cache
+        queries and hits (tokens) and their ratio, and preemptions (requests evicted from the KV
+        cache for lack of blocks, to be recomputed later: a KV budget too small for the step)."""
+        from vllm.v1.metrics.reader import Counter, get_metrics_snapshot
+
+        totals = {"vllm:prefix_cache_queries": 0.0, "vllm:prefix_cache_hits": 0.0, "vllm:num_preemptions": 0.0}
+        for m in get_metrics_snapshot():
+            if isinstance(m, Counter) and m.name in totals:
+                totals[m.name] += m.value
+        queries, hits = totals["vllm:prefix_cache_queries"], totals["vllm:prefix_cache_hits"]
+        return {"prefix_cache_queries": queries, "prefix_cache_hits": hits,
+                "prefix_cache_hit_rate": hits / queries if queries else 0.0, "preemptions": totals["vllm:num_preemptions"]}
 
     def shutdown(self) -> None:
         self.engine.shutdown()
