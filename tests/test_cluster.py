@@ -19,7 +19,10 @@ def test_shard_deals_round_robin():
 def test_embedded_cpus_cover_what_the_actors_ask_for():
     many = load_config(None, ["rollout.num_workers=8", "runtime.rollout_worker_cpus=2", "rods.enabled=true",
                               "rods.num_cpus=3"])
-    assert embedded_cpus(many) == max(os.cpu_count() or 1, math.ceil(8 * 2 + 1 + 0.1 * many.tools.num_actors + 3))
+    assert embedded_cpus(many) == max(os.cpu_count() or 1, math.ceil(8 * 2 + 1 + 3))  # in-process tools: no tool actor
+    pooled = load_config(None, ["rollout.num_workers=8", "tools.placement=pool", "tools.num_actors=20"])
+    assert embedded_cpus(pooled) == max(os.cpu_count() or 1, math.ceil(8 + 1 + 0.1 * 20))
+    assert embedded_cpus(load_config(None, [])) == max(os.cpu_count() or 1, 2)  # the quickstart's 1 + 1: 2 cores do
     assert embedded_cpus(load_config(None, ["runtime.num_cpus=3"])) == 3  # given: used as is
 
 

@@ -54,12 +54,15 @@ def embedded_cpus(cfg: Config) -> int:
     """Logical CPUs for an embedded cluster: at least what the actors ask for.
 
     Ray CPUs are scheduling tokens, not cores. On a 2-core machine one rollout worker (1 CPU),
-    the learner (1 CPU) and the tool-pool actors (0.1 each) ask for 2.1, and Ray would leave an actor
-    pending forever; the engines share the cores anyway.
+    the learner (1 CPU) and tool-pool actors (0.1 each) would ask for 2.1, and Ray would leave an
+    actor pending forever; the engines share the cores anyway. Tool-pool actors count only where
+    they start (``tools.placement: pool`` or SGLS), so the quickstart asks for the 2 cores it has.
     """
     rt = cfg.runtime
     workers = cfg.rollout.num_workers + (cfg.rspo.explorer_workers if cfg.rspo.enabled else 0)
-    need = rt.rollout_worker_cpus * workers + rt.learner_cpus * cfg.learner.num_ranks + rt.tool_actor_cpus * cfg.tools.num_actors
+    need = rt.rollout_worker_cpus * workers + rt.learner_cpus * cfg.learner.num_ranks
+    if cfg.tools.placement == "pool" or cfg.tools.sgls is not None:
+        need += rt.tool_actor_cpus * cfg.tools.num_actors
     if cfg.tools.sgls is not None:
         need += cfg.tools.sgls.num_cpus
     if cfg.rods.enabled:
