@@ -47,6 +47,10 @@ PATHS = {
     # ... and gradient checkpointing (the memory lever)
     "new (+checkpointing)": {"src": "new", "learner": {**BASE, "micro_batch_size": 4, "old_logprobs": "auto",
                                                        "autocast": "bfloat16", "gradient_checkpointing": True}},
+    # ... and ZeRO-0: one rank partitions nothing, so ZeRO-1's fp32 gradient copy and reduce bucket are overhead
+    "new (+checkpointing +ZeRO-0)": {"src": "new", "learner": {**BASE, "zero_stage": 0, "micro_batch_size": 4,
+                                                               "old_logprobs": "auto", "autocast": "bfloat16",
+                                                               "gradient_checkpointing": True}},
 }
 
 
@@ -74,16 +78,32 @@ def sample_step(model: str, dtype: str, tasks: int, per_task: int, out: Path | N
     t0 = time.perf_counter()
     engine = VLLMEngine(model, EngineConfig(kv_cache_gib=2, max_model_len=2048, block_size=32, dtype=dtype), seed=0)
     start_s = time.perf_counter() - t0
-    policy = _EnginePolicy(engine, SamplingConfig(temperature=1.0), formatter.eos_token_ids)
     task_list = generate_tasks(tasks, seed=31_000, id_prefix="bench", suite="bank")
+    per_message: dict[int, list[int]] = {}  # k-th message of an episode -> [prompt tokens, of them cached]
+
+    class Recording(_EnginePolicy):
+        """The rollout worker's policy, noting each message's prompt and prefix-cache hit."""
+
+        def __init__(self):
+            super().__init__(engine, SamplingConfig(temperature=1.0), formatter.eos_token_ids)
+            self.calls = 0
+
+        async def generate(self, prompt_ids, max_tokens):
+            gen = await super().generate(prompt_ids, max_tokens)
+            row = per_message.setdefault(self.calls, [0, 0])
+            row[0] += len(prompt_ids)
+            row[1] += gen.cached_tokens
+            self.calls += 1
+            return gen
 
     async def episodes():
-        return await asyncio.gather(*[run_episode(t, policy, LocalEnvSession(t), formatter, limits)
+        return await asyncio.gather(*[run_episode(t, Recording(), LocalEnvSession(t), formatter, limits)
                                       for t in task_list for _ in range(per_task)])
 
     t0 = time.perf_counter()
     eps = asyncio.run(episodes())
     gen_s = time.perf_counter() - t0
+    cache = engine.cache_stats()
     engine.shutdown()  # its engine-core process would outlive this one
     outcome = torch.tensor([float(all(e.turn_passed)) for e in eps])
     adv = []
@@ -100,7 +120,16 @@ def sample_step(model: str, dtype: str, tasks: int, per_task: int, out: Path | N
     return {"engine_dtype": dtype, "engine_start_s": start_s, "generation_s": gen_s, "episodes": len(eps),
             "tokens": sum(lengths), "policy_tokens": policy_tokens, "policy_fraction": policy_tokens / sum(lengths),
             "median_length": sorted(lengths)[len(lengths) // 2], "max_length": max(lengths),
-            "success": float(outcome.mean()), "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+            "success": float(outcome.mean()), "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "kv_cache": cache, "prefix_hit_by_message": {k: v[1] / v[0] for k, v in sorted(per_message.items()) if v[0]},
+            "prompt_tokens_by_message": {k: v[0] for k, v in sorted(per_message.items())}}
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds this process has used (all threads): the update's work, which other processes on
+    a busy machine slow down less than its wall time."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def run_path(src: str, model: str, step_file: str, learner: dict) -> dict:
@@ -117,8 +146,11 @@ def run_path(src: str, model: str, step_file: str, learner: dict) -> dict:
     if "versions" not in __import__("agentrl.api", fromlist=["TrainBatch"]).TrainBatch.__dataclass_fields__:
         step.pop("versions")  # an older tree's batch has no versions
     t0 = time.perf_counter()
+    # the bf16 paths stand for the config's bf16 engines: their episodes' log-probs are pi_old
+    # (learner.old_logprobs: auto); the replayed tokens cost the learner the same either way
+    extra = {"sampler_dtype": learner["autocast"]} if learner.get("autocast") else {}
     lrn = DeepSpeedLearner(model, LearnerConfig(**{k: v for k, v in learner.items() if k in fields}), AlgoConfig(**ALGO),
-                           "float32", seed=0)
+                           "float32", seed=0, **extra)
     init_s = time.perf_counter() - t0
     phases: dict[str, float] = {}
     for name in ("_reference_and_old_passes", "_train_mini_batch", "_optimizer_step"):
@@ -132,12 +164,12 @@ def run_path(src: str, model: str, step_file: str, learner: dict) -> dict:
                 phases[_name] = phases.get(_name, 0.0) + time.perf_counter() - t
 
         setattr(lrn, name, timed)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_seconds()
     metrics = lrn.train_step(step)
-    update_s = time.perf_counter() - t0
+    update_s, update_cpu_s = time.perf_counter() - t0, _cpu_seconds() - cpu0
     # _train_mini_batch includes the optimizer steps: report the forward+backward part alone
     phases["forward_backward"] = phases.pop("_train_mini_batch") - phases.get("_optimizer_step", 0.0)
-    return {"init_s": init_s, "update_s": update_s, "phases_s": phases,
+    return {"init_s": init_s, "update_s": update_s, "update_cpu_s": update_cpu_s, "phases_s": phases,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "loss": metrics["loss"], "entropy": metrics.get("entropy"), "grad_norm": metrics["grad_norm"],
             "logprob_mismatch": metrics.get("logprob_mismatch"), "old_from_rollout": metrics.get("old_from_rollout", 0.0)}
@@ -159,6 +191,10 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=4)
     ap.add_argument("--per-task", type=int, default=8)
     ap.add_argument("--out", default="docs/benchmarks/real_model_step.json")
+    ap.add_argument("--threads", type=int, help="the learners' torch threads (default: the config's 2); at 1 on a "
+                    "busy machine, CPU seconds measure each path's work without OpenMP's waits")
+    ap.add_argument("--reuse-step", action="store_true",
+                    help="replay the episodes saved by an earlier run (and keep its generation numbers from --out)")
     ap.add_argument("--worker", nargs=3, metavar=("SRC", "STEP_FILE", "LEARNER_JSON"), help=argparse.SUPPRESS)
     ap.add_argument("--sample", nargs=2, metavar=("DTYPE", "STEP_FILE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -177,21 +213,27 @@ def main() -> None:
     out: dict = {"machine": {"cpus": os.cpu_count(), "load_before": os.getloadavg()}, "date": time.strftime("%Y-%m-%d %H:%M"),
                  "model": args.model, "generation": {}, "paths": {}}
     common = ["--model", args.model, "--tasks", str(args.tasks), "--per-task", str(args.per_task)]
-    for dtype, save in (("float32", str(step_file)), ("bfloat16", "-")):
+    if args.reuse_step:
+        out["generation"] = json.loads(Path(args.out).read_text())["generation"]
+    for dtype, save in () if args.reuse_step else (("float32", str(step_file)), ("bfloat16", "-")):
         res = _subprocess(common + ["--sample", dtype, save], f"sampling at {dtype}")
         out["generation"][dtype] = res
         print(f"generation at {dtype}: {res['generation_s']:.1f}s for {res['episodes']} episodes, {res['tokens']} tokens "
               f"(median {res['median_length']}, max {res['max_length']}, policy {res['policy_fraction']:.2f}), "
-              f"success {res['success']:.2f}", flush=True)
+              f"success {res['success']:.2f}; prefix-cache hit rate {res['kv_cache']['prefix_cache_hit_rate']:.2f}, "
+              f"preemptions {res['kv_cache']['preemptions']:.0f}", flush=True)
     for name in args.paths.split(","):
         spec = PATHS[name]
+        if args.threads:
+            spec = {**spec, "learner": {**spec["learner"], "threads": args.threads}}
         src = str(ROOT) if spec["src"] == "new" else args.old_src
         if src is None:
             print(f"{name}: skipped (no --old-src)")
             continue
         res = _subprocess(common + ["--worker", str(Path(src).resolve()), str(step_file), json.dumps(spec["learner"])], name)
         out["paths"][name] = res | {"learner": spec["learner"]}
-        print(f"{name}: update {res['update_s']:.1f}s ({', '.join(f'{k} {v:.1f}s' for k, v in res['phases_s'].items())}), "
+        phases = ", ".join(f"{k} {v:.1f}s" for k, v in res["phases_s"].items())
+        print(f"{name}: update {res['update_s']:.1f}s, {res['update_cpu_s']:.0f} CPU-s ({phases}), "
               f"peak RSS {res['peak_rss_gib']:.2f} GiB, loss {res['loss']:.4f}, old_from_rollout {res['old_from_rollout']}",
               flush=True)
     paths, gen = out["paths"], out["generation"]

@@ -182,8 +182,9 @@ class DeepSpeedLearner:
         self.ref_model: nn.Module | None = None
         self._ref_engine = None
         if algo_cfg.kl_coef > 0 and not self.lora:
-            self.ref_model = self._build_reference(AutoModelForCausalLM.from_pretrained(model_path, dtype=_TORCH_DTYPES[dtype],
-                                                                                        **attn))
+            # frozen: held in the dtype its matmuls run in (learner.autocast's, else the training dtype)
+            ref_dtype = _TORCH_DTYPES[learner_cfg.autocast or dtype]
+            self.ref_model = self._build_reference(AutoModelForCausalLM.from_pretrained(model_path, dtype=ref_dtype, **attn))
 
         self.critic = None
         if estimator_for(algo_cfg).needs_critic:  # the estimator's row in algos/registry.py (plugins imported here)
