@@ -156,3 +156,15 @@ def test_bf16_autocast_stays_close_to_fp32():
     assert not torch.equal(lp32, lp16)  # bf16 really ran
     torch.testing.assert_close(lp16, lp32, atol=0.05, rtol=0)
     assert torch.nn.functional.cosine_similarity(g16, g32, dim=0) > 0.99
+
+
+def test_a_micro_batch_that_scores_nothing_still_reaches_every_parameter():
+    """A learner rank's empty filler micro-batch (no policy token) must produce a zero gradient for
+    every parameter, or the ranks' gradient reduction waits forever for it."""
+    ids, attn, mask = pad_batch(SEQS, 0, MASKS)
+    model = _model()
+    lp = token_logprobs(model, ids, attn, score_mask=torch.zeros_like(mask, dtype=torch.bool))
+    assert torch.equal(lp, torch.zeros_like(lp))
+    (lp * 1.0).sum().backward()
+    grads = _grads(model)
+    assert len(grads) == len(list(model.parameters())) and all(not g.any() for g in grads.values())

@@ -16,7 +16,7 @@ With ``learner.mini_batches`` > 1 that happens once per mini-batch, each normali
 token count.
 
 DeepSpeed only runs its backward bookkeeping (ZeRO hooks, boundary flags) for outputs of
-``engine(...)``, so the engine wraps the HF model in ``_PolicyLogprobs`` whose forward *returns
+``engine(...)``, so the engine wraps the HF model in ``PolicyLogprobs`` (``engines/policy_logprobs.py``) whose forward *returns
 token logprobs*; we never call the inner HF model directly for a gradient pass.
 
 The model is kept in ``eval()`` mode throughout: it only disables dropout, and a stochastic
@@ -25,7 +25,6 @@ policy forward would make the PPO ratio (and the engine-vs-learner mismatch metr
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import dataclass, replace
@@ -50,60 +49,9 @@ from agentrl.engines.hf_policy import micro_batch_logprobs, pad_batch, token_log
 from agentrl.engines.learner_shards import plan_mini_batch
 from agentrl.engines.lora import apply_lora, iter_merged_weights, lora_enabled, unwrap_base
 from agentrl.engines.micro_batch import pack_micro_batch, pad_micro_batch, split_micro_batches
+from agentrl.engines.policy_logprobs import TORCH_DTYPES, PolicyLogprobs, autocast_context, check_autocast_supported
 from agentrl.engines.step_metrics import StepMetrics, all_reduce_sums, peak_memory_mib
 from agentrl.weight_sync.object_store import weights_to_blob
-
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class _PolicyLogprobs(nn.Module):
-    """nn.Module handed to DeepSpeed: forward(*MicroBatch.forward_args(), score_mask=...,
-    with_entropy=...) -> (logprobs, entropy or None), in the padded [B, T] layout whether the
-    micro-batch is padded or packed.
-
-    ``score_mask`` (``MicroBatch.score_mask()``): the positions the LM head runs on (None: all).
-    The entropy is computed only when asked for (a metric) or when an entropy bonus is configured,
-    and carries a gradient only then. Logprobs are of the tempered policy softmax(logits /
-    temperature) the rollouts sampled from. ``autocast``: the dtype of ``learner.autocast``."""
-
-    def __init__(self, model: nn.Module, entropy_grad: bool = False, temperature: float = 1.0,
-                 autocast: str | None = None):
-        super().__init__()
-        self.model = model
-        self.entropy_grad = entropy_grad
-        self.temperature = temperature
-        self.autocast = autocast
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                unpack_index: Tensor | None = None, score_mask: Tensor | None = None,
-                with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        with autocast_context(input_ids.device, self.autocast):
-            out = micro_batch_logprobs(self.model, input_ids, attention_mask, position_ids, unpack_index,
-                                       score_mask=score_mask, with_entropy=with_entropy or self.entropy_grad,
-                                       entropy_grad=self.entropy_grad, temperature=self.temperature)
-        return out if isinstance(out, tuple) else (out, None)
-
-
-def autocast_context(device: torch.device, dtype: str | None):
-    """``torch.autocast`` in ``dtype`` on ``device``'s type (``learner.autocast``), or nothing."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=_TORCH_DTYPES[dtype])
-
-
-def check_autocast_supported(dtype: str | None, device: torch.device) -> None:
-    """Refuse ``learner.autocast`` where the hardware lacks the units it needs (checked where the
-    learner runs, not where the config is read): bf16 needs a GPU, or a CPU with AMX or AVX512-BF16."""
-    if dtype != "bfloat16":
-        return
-    if device.type == "cuda":
-        if not torch.cuda.is_bf16_supported():
-            raise ValueError(f"learner.autocast=bfloat16: GPU {torch.cuda.get_device_name(device)} has no bf16 support; "
-                             "set learner.autocast=null")
-        return
-    if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        raise ValueError("learner.autocast=bfloat16: this CPU has no bf16 units (AMX or AVX512-BF16; see lscpu's flags), "
-                         "so bf16 matmuls would be emulated and slower than float32; set learner.autocast=null")
 
 
 @dataclass
@@ -183,7 +131,7 @@ class DeepSpeedLearner:
         self._ref_engine = None
         if algo_cfg.kl_coef > 0 and not self.lora:
             # frozen: held in the dtype its matmuls run in (learner.autocast's, else the training dtype)
-            ref_dtype = _TORCH_DTYPES[learner_cfg.autocast or dtype]
+            ref_dtype = TORCH_DTYPES[learner_cfg.autocast or dtype]
             self.ref_model = self._build_reference(AutoModelForCausalLM.from_pretrained(model_path, dtype=ref_dtype, **attn))
 
         self.critic = None
@@ -204,7 +152,7 @@ class DeepSpeedLearner:
 
     # ------------------------------------------------------------------ helpers
     def _build_engine(self, model: nn.Module) -> Any:
-        """The DeepSpeed engine around ``_PolicyLogprobs(model)``: AdamW, linear LR warm-up over
+        """The DeepSpeed engine around ``PolicyLogprobs(model)``: AdamW, linear LR warm-up over
         ``learner.warmup_steps``, ``build_ds_config``; Adam state as if no step was taken."""
         lcfg = self.learner_cfg
         optimizer = adamw([p for p in model.parameters() if p.requires_grad], lcfg)
@@ -214,7 +162,7 @@ class DeepSpeedLearner:
             return 1.0 if warmup <= 0 else min(1.0, (step + 1) / warmup)
 
         engine, _, _, _ = self._deepspeed.initialize(
-            model=_PolicyLogprobs(model, entropy_grad=self.algo_cfg.entropy_coef > 0, temperature=self.temperature,
+            model=PolicyLogprobs(model, entropy_grad=self.algo_cfg.entropy_coef > 0, temperature=self.temperature,
                                   autocast=lcfg.autocast),
             optimizer=optimizer,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda),

@@ -89,6 +89,12 @@ def token_logprobs(
     if score_mask is not None:
         scored = scored & score_mask.bool()
     rows, cols = scored.nonzero(as_tuple=True)
+    # A micro-batch that scores nothing (a rank's empty filler) must still give every parameter a
+    # (zero) gradient: data-parallel ranks reduce them together, and a rank whose backward reaches
+    # no parameter would leave the others waiting. So it scores one position, times 0.
+    keep_graph = rows.numel() == 0 and torch.is_grad_enabled() and seqlen > 1
+    if keep_graph:
+        rows, cols = rows.new_zeros(1), rows.new_ones(1)
     targets = input_ids[rows, cols]
     split = _split_model(model)
     if split is None:  # logits post-processed inside forward(): the full forward, then gather
@@ -102,6 +108,8 @@ def token_logprobs(
         lp_sel, ent_sel = head_logprobs(head, hidden[rows, cols - 1], targets, temperature=temperature,
                                         with_entropy=with_entropy, entropy_grad=entropy_grad,
                                         max_logit_elements=max_logit_elements, fused=fused_head)
+    if keep_graph:
+        lp_sel, ent_sel = lp_sel * 0.0, ent_sel * 0.0
     lp = lp_sel.new_zeros(bsz, seqlen).index_put((rows, cols), lp_sel)
     if not with_entropy:
         return lp
