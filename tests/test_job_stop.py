@@ -10,8 +10,6 @@ it is killed first.
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ray_nodes import free_ports, stop_node
 
 DRIVER = ("import pathlib, signal, sys, time\n"
           "def stop(*_):\n"
@@ -30,20 +29,10 @@ DRIVER = ("import pathlib, signal, sys, time\n"
           "time.sleep(600)\n")
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.mark.integration
 @pytest.mark.heavy  # ~1 min (a dashboard to start, two jobs), and only Ray's behaviour under test
 def test_ray_job_stop_waits_as_long_as_the_jobs_runtime_env_says(tmp_path, monkeypatch):
-    gcs, dashboard, agent, client = _free_ports(4)
+    gcs, dashboard, agent, client = free_ports(4)
     temp = tempfile.mkdtemp(prefix="ars-", dir="/tmp")  # short: Ray's socket paths must fit AF_UNIX
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
     env["RAY_AUTH_MODE"] = "disabled"  # loopback only
@@ -86,20 +75,5 @@ def test_ray_job_stop_waits_as_long_as_the_jobs_runtime_env_says(tmp_path, monke
         assert stopped("60") == (True, JobStatus.STOPPED)  # the driver's 6 s fit: it finished its checkpoint
         assert stopped(None) == (False, JobStatus.STOPPED)  # Ray's default 3 s: killed first
     finally:
-        try:
-            os.killpg(node.pid, signal.SIGTERM)
-            node.wait(timeout=15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                if temp in cmdline.read_bytes().decode(errors="replace"):
-                    os.kill(int(cmdline.parent.name), signal.SIGKILL)
-            except (OSError, ProcessLookupError):
-                continue
-        try:
-            os.killpg(node.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        node.wait(timeout=30)
+        stop_node(node, [temp])
         subprocess.run(["rm", "-rf", temp], check=False)

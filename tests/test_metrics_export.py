@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ray_nodes import free_ports, stop_node
 
 from agentrl.telemetry.metrics import prometheus_name
 
@@ -58,36 +57,6 @@ print(text)
 """
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _stop(proc: subprocess.Popen, mark: str) -> None:
-    """This test's Ray node only: `ray start --block`'s session, then any process naming its temp folder."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if mark in cmdline.read_bytes().decode(errors="replace"):
-                os.kill(int(cmdline.parent.name), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait(timeout=30)
-
-
 def _series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     """Prometheus text format: name -> [(labels, value)]."""
     out: dict[str, list] = {}
@@ -101,7 +70,7 @@ def _series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 @pytest.mark.integration
 def test_gauges_are_scraped_under_their_documented_names(tmp_path):
-    gcs, metrics, agent, dashboard, client = _free_ports(5)
+    gcs, metrics, agent, dashboard, client = free_ports(5)
     temp = tempfile.mkdtemp(prefix="arm-", dir="/tmp")  # short: Ray's socket paths must fit AF_UNIX
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
     env["RAY_AUTH_MODE"] = "disabled"  # loopback only
@@ -121,7 +90,7 @@ def test_gauges_are_scraped_under_their_documented_names(tmp_path):
         driver = subprocess.run([sys.executable, "-c", DRIVER, f"127.0.0.1:{gcs}", str(metrics), str(tmp_path / "run"),
                                  json.dumps(STEP)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     finally:
-        _stop(node, temp)
+        stop_node(node, [temp])
         subprocess.run(["rm", "-rf", temp], check=False)
     assert driver.returncode == 0 and "SCRAPED-BEGIN" in driver.stdout, driver.stdout[-3000:] + driver.stderr[-3000:]
     series = _series(driver.stdout.split("SCRAPED-BEGIN", 1)[1])

@@ -20,8 +20,6 @@ import json
 import os
 import re
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ray_nodes import free_ports, stop_node
 
 from agentrl.config import ConfigError, load_config
 from agentrl.engines.vllm_engine import parallel_args
@@ -406,22 +405,12 @@ def test_train_runs_the_plan_check_first(monkeypatch, fake_driver, capsys):
 
 
 # ------------------------------------------------------------------------------- a real Ray cluster
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.fixture(scope="module")
 def gpu_cluster():
     """A one-node Ray cluster declaring 2 GPUs (and 80 GiB each, as a gpu_gib resource) on loopback,
     in a temp folder of its own, without auth (loopback only); stopped by its own pid, never `ray stop`."""
     tmp = Path(tempfile.mkdtemp(prefix="arp-", dir="/tmp"))  # short: Ray's socket paths must fit AF_UNIX
-    gcs, agent, client, dashboard = _free_ports(4)
+    gcs, agent, client, dashboard = free_ports(4)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
     env.update(RAY_AUTH_MODE="disabled", AGENTRL_PLAN_WAIT_S="0")
     ray_bin = str(Path(sys.executable).parent / "ray")
@@ -442,37 +431,8 @@ def gpu_cluster():
             time.sleep(1)
         yield env, address
     finally:
-        _stop(proc, [str(tmp), f":{gcs}"])
+        stop_node(proc, [str(tmp), f":{gcs}"])
         subprocess.run(["rm", "-rf", str(tmp)], check=False)
-
-
-def _stop(proc: subprocess.Popen, marks: list[str]) -> None:
-    """Stop this test's Ray node: its processes are the session `ray start` began (and any process
-    whose command line names its temp folder or GCS port). SIGTERM first (`ray start --block` takes
-    the node down), SIGKILL after 5 s: a loaded machine took 30 s for the orderly way."""
-    ours = {proc.pid}
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if any(mark in text for mark in marks):
-            ours.add(int(cmdline.parent.name))
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-    for pid in ours:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait(timeout=30)
 
 
 def _agentrl(env: dict, *argv: str, timeout: int = 180) -> subprocess.CompletedProcess:
@@ -529,7 +489,7 @@ def two_gpu_nodes():
     GPUs) and ~256 GiB of host memory (Ray's logical `memory`, which `agentrl plan` counts). Stopped
     by its own pids, never `ray stop`."""
     tmp = Path(tempfile.mkdtemp(prefix="arp2-", dir="/tmp"))
-    gcs, client, dashboard, *agents = _free_ports(6)
+    gcs, client, dashboard, *agents = free_ports(6)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
     env.update(RAY_AUTH_MODE="disabled", AGENTRL_PLAN_WAIT_S="0")
     ray_bin = str(Path(sys.executable).parent / "ray")
@@ -554,7 +514,7 @@ def two_gpu_nodes():
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:
-                _stop(proc, [str(tmp), f":{gcs}"])
+                stop_node(proc, [str(tmp), f":{gcs}"])
         subprocess.run(["rm", "-rf", str(tmp)], check=False)
 
 

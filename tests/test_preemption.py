@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ray_nodes import free_ports
 
 from agentrl.cli import main
 from agentrl.config import dump_config, load_config
@@ -116,18 +117,6 @@ def test_a_lost_learner_stops_the_run_resumably_and_resume_auto_recovers(tiny_mo
 
 
 # ------------------------------------------------------------------ a two-node cluster, SIGTERM to actors
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _processes(mark: str) -> list[int]:
     return [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/cmdline")
             if mark in p.read_bytes().replace(b"\0", b" ").decode(errors="replace")] if Path("/proc").exists() else []
@@ -158,7 +147,7 @@ def two_nodes(tmp_path):
     import tempfile
 
     temp = tempfile.mkdtemp(prefix="arw-", dir="/tmp")  # short: Ray's socket paths must fit AF_UNIX
-    gcs, client, dashboard, agent_head, agent_worker = _free_ports(5)
+    gcs, client, dashboard, agent_head, agent_worker = free_ports(5)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
     env["RAY_AUTH_MODE"] = "disabled"
     ray_bin = str(Path(sys.executable).parent / "ray")
