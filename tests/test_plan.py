@@ -534,13 +534,22 @@ def test_plan_places_as_ray_does_on_two_gpu_nodes(two_gpu_nodes, qwen3_4b):
     """The 2x8 recipe planned against a running Ray cluster of that shape (read by
     ``connected_cluster``: the gpu_gib resource, the head first) and its placement groups created
     there in the driver's order: Ray puts every engine and learner rank on a node the plan's layout
-    matches (node names up to swapping the two identical GPU nodes), both GPU nodes used."""
+    matches (node names up to swapping the two identical GPU nodes), both GPU nodes used. Run in a
+    fresh process: this one may be connected to the session's embedded cluster already."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=_places_as_ray_does, args=(two_gpu_nodes[1], str(qwen3_4b)))
+    child.start()
+    child.join(timeout=600)
+    assert child.exitcode == 0, "the placement check failed in its process (its traceback is in the captured stderr)"
+
+
+def _places_as_ray_does(address: str, qwen3_4b: str) -> None:
     import ray
 
     from agentrl.runtime.cluster_shape import connected_cluster
     from agentrl.runtime.plan import reserve_where
 
-    env, address = two_gpu_nodes
     config, overrides = recipe_run(ROOT / "deploy" / "rayjob-2x8.yaml")
     cfg = load_config(config, overrides)
     old = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_ADDRESS")}

@@ -222,7 +222,8 @@ def read_trajectories(run_dir: str | Path, *, step: int | None = None, task_id: 
         except (pa.ArrowException, OSError) as err:
             raise TrajectoryError(f"{path}: not a readable Parquet file: {err}") from None
         for row in rows:
-            row = {"tool_errors": "[]", "category": None, **row}
+            # files written before these columns, or rows that never set them, read as none
+            row = {**row, "tool_errors": row.get("tool_errors") or "[]", "category": row.get("category")}
             if ((step is None or row["step"] == step) and (task_id is None or row["task_id"] == task_id)
                     and not (failed and (row["outcome"] or 0.0) >= 1.0)
                     and (category is None or row["category"] == category)):
