@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -157,8 +156,6 @@ def test_tasks_export(tmp_path, capsys):
     assert "missing.jsonl" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("agentrl.tasks.io") is None,
-                    reason="agentrl.tasks.io not written yet")
 def test_tasks_export_real(tmp_path):
     out = tmp_path / "heldout.jsonl"
     res = run_cli(["tasks", "export", "builtin:heldout", str(out)], tmp_path)
