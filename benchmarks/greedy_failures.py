@@ -24,9 +24,9 @@ def greedy_vs_sampled(model: str, tasks: list, samples: int, temperature: float)
     import ray
 
     from agentrl.config import load_config
-    from agentrl.runtime.cluster import init_ray
-    from agentrl.runtime.rollout_worker import RolloutWorker
-    from agentrl.runtime.tool_pool import ToolPool
+    from agentrl.driver.cluster import init_ray
+    from agentrl.rollout.tool_pool import ToolPool
+    from agentrl.rollout.worker import RolloutWorker
 
     cfg = load_config("configs/quickstart.yaml", [f"model.path={model}"])
     init_ray(cfg)
@@ -97,8 +97,8 @@ def main() -> None:
     ap.add_argument("--show", type=int, default=15, help="most common error contexts to print")
     args = ap.parse_args()
 
+    from agentrl.config.process_env import set_default_env
     from agentrl.envs.builtin.generator import builtin_split
-    from agentrl.runtime.process_env import set_default_env
 
     set_default_env()
     heldout = builtin_split("heldout")

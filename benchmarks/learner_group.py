@@ -1,4 +1,4 @@
-"""Learner group (agentrl/runtime/learner_group.py): step time and per-rank peak memory with each memory lever.
+"""Learner group (agentrl/learning/learner_group.py): step time and per-rank peak memory with each memory lever.
 
     .venv/bin/python benchmarks/learner_group.py --size 135m --micro-batch-size 2 --out .cache/bench-learner-group/135m
     .venv/bin/python benchmarks/learner_group.py --size small --steps 1 --cases z1 z3x2      # smoke run
@@ -186,7 +186,7 @@ def run_case(name: str, model: str, refs: list, args: argparse.Namespace) -> dic
     import ray
 
     from agentrl.config.schema import AlgoConfig, LearnerConfig, LoraConfig
-    from agentrl.runtime.learner_group import LearnerGroup
+    from agentrl.learning.learner_group import LearnerGroup
 
     ranks, zero, levers, lora = CASES[name]
     out, group = describe(name), None
@@ -237,7 +237,7 @@ def table(results: list[dict], baseline: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
-    from agentrl.runtime.process_env import set_default_env
+    from agentrl.config.process_env import set_default_env
 
     set_default_env(REPO)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # inherited by the ranks: freed tensors leave RSS

@@ -109,7 +109,7 @@ def _estimate(case: dict):
 def _worker(case: dict) -> dict:
     """One case in this process: build, step, measure."""
     sys.path.insert(0, str(REPO))
-    from agentrl.runtime.process_env import set_default_env
+    from agentrl.config.process_env import set_default_env
 
     set_default_env(REPO)
     import deepspeed  # noqa: F401  (imported before the baseline: import costs are not the learner's)

@@ -37,11 +37,11 @@ def main() -> None:
     import ray
 
     from agentrl.config import load_config
+    from agentrl.driver.cluster import init_ray
     from agentrl.envs.builtin.generator import builtin_split
-    from agentrl.runtime.cluster import init_ray
-    from agentrl.runtime.learner import LearnerActor
-    from agentrl.runtime.rollout_worker import RolloutWorker
-    from agentrl.runtime.tool_pool import ToolPool
+    from agentrl.learning.learner import LearnerActor
+    from agentrl.rollout.tool_pool import ToolPool
+    from agentrl.rollout.worker import RolloutWorker
 
     cfg = load_config(args.config, [*([f"model.path={args.model}"] if args.model else []), *args.overrides])
     model, dtype = str(cfg.model.path), cfg.model.dtype

@@ -71,7 +71,7 @@ def sample_step(model: str, dtype: str, tasks: int, per_task: int, out: Path | N
     from agentrl.engines.vllm_engine import SamplingConfig, VLLMEngine
     from agentrl.envs.builtin.generator import generate_tasks
     from agentrl.envs.session import LocalEnvSession
-    from agentrl.runtime.rollout_worker import _EnginePolicy
+    from agentrl.rollout.worker import _EnginePolicy
 
     formatter = formatter_for(AutoTokenizer.from_pretrained(model))
     limits = EpisodeLimits(max_new_tokens=128, max_assistant_messages_per_turn=4, max_episode_tokens=1536)

@@ -53,7 +53,7 @@ def _spread(xs: list[float]) -> str:
 def executable_rows(tasks, group_size: int, actors: int, repeats: int) -> list[str]:
     """Markdown rows: calls/s per placement over ``repeats`` alternating runs, and their ratio."""
     from agentrl.config.schema import ToolsConfig
-    from agentrl.runtime.tool_pool import ToolPool
+    from agentrl.rollout.tool_pool import ToolPool
 
     pools = {"pool": ToolPool.create(actors, 0.1, 256, placement="pool"), "in_process": ToolPool([], "in_process")}
     rates: dict[str, list[float]] = {p: [] for p in pools}
@@ -76,7 +76,7 @@ def executable_rows(tasks, group_size: int, actors: int, repeats: int) -> list[s
 
 def sgls_row(tasks, group_size: int, actors: int, model: str) -> str:
     from agentrl.config import load_config
-    from agentrl.runtime.tool_pool import ToolPool, start_sgls_server
+    from agentrl.rollout.tool_pool import ToolPool, start_sgls_server
 
     sgls_tasks = [t.model_copy(update={"id": f"sgls-{t.id}", "backend": "sgls"}) for t in tasks]
     cfg = load_config(None, [f"tools.sgls.model_path={model}", "tools.sgls.max_tokens=48"])
@@ -94,8 +94,8 @@ def sgls_row(tasks, group_size: int, actors: int, model: str) -> str:
 
 
 def main() -> None:
+    from agentrl.config.process_env import set_default_env
     from agentrl.envs.builtin.generator import builtin_split
-    from agentrl.runtime.process_env import set_default_env
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=".cache/models/tiny-agent", help="simulator LLM for SGLS")

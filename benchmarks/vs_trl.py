@@ -523,7 +523,7 @@ def main() -> int:
         args.precision = "bf16" if cpu_has_bf16() else "fp32"
     from importlib.metadata import version
 
-    from agentrl.runtime.process_env import set_default_env
+    from agentrl.config.process_env import set_default_env
 
     set_default_env(ROOT)
     from agentrl.config.loader import load_config

@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("AGENTRL_CACHE", str(REPO / ".cache"))
 
-from agentrl.runtime.process_env import set_default_env  # noqa: E402
+from agentrl.config.process_env import set_default_env  # noqa: E402
 
 set_default_env()
 

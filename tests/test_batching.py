@@ -14,12 +14,12 @@ import torch
 from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.episode import SEG_SUMMARY, SEG_TOOL, EpisodeLimits, Generation, run_episode
 from agentrl.agent.gold import GoldPolicy
+from agentrl.algos.batching import build_batch
 from agentrl.api import EpisodeGroup
 from agentrl.config import load_config
 from agentrl.envs.builtin.generator import builtin_split
 from agentrl.envs.session import LocalEnvSession
 from agentrl.rewards.scoring import score_episode, step_rewards
-from agentrl.runtime.batching import build_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

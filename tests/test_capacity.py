@@ -58,9 +58,9 @@ def _jsonl(path: Path) -> list[dict]:
 @pytest.mark.integration
 @pytest.mark.heavy  # ~75 s; make test keeps test_preemption.py's SIGTERM -> --resume auto and the config test above
 def test_a_preempted_run_resumes_on_fewer_rollout_workers(tiny_model_dir, ray_cluster, tmp_path, capsys):
+    from agentrl.checkpointing.checkpoint import LATEST
+    from agentrl.checkpointing.preemption import EXIT_PREEMPTED
     from agentrl.cli import main
-    from agentrl.runtime.checkpoint import LATEST
-    from agentrl.runtime.preemption import EXIT_PREEMPTED
     from agentrl.telemetry.metrics import METRICS_FILE
 
     config = tmp_path / "job.yaml"

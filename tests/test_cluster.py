@@ -1,4 +1,4 @@
-"""runtime/cluster.py without a cluster: the embedded cluster's CPUs, sharding, the model path check."""
+"""driver/cluster.py without a cluster: the embedded cluster's CPUs, sharding, the model path check."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 
 from agentrl.config import load_config
-from agentrl.runtime.cluster import embedded_cpus, resolve_model_path, shard
+from agentrl.driver.cluster import embedded_cpus, resolve_model_path, shard
 
 
 def test_shard_deals_round_robin():

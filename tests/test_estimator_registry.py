@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from agentrl.algos import estimators, registry
+from agentrl.algos.batching import build_batch
 from agentrl.algos.registry import Estimator, register_estimator
 from agentrl.api import Episode, EpisodeGroup
 from agentrl.config import ConfigError, load_config
 from agentrl.config.schema import KNOWN_ADVANTAGES
-from agentrl.runtime.batching import build_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = str(Path(__file__).resolve())
@@ -191,7 +191,7 @@ def test_a_fresh_process_finds_the_plugin_through_the_config():
     import pickle
 
     algo = _config(f"algo.plugins=[{HERE}]", "algo.advantage=sign").algo
-    code = ("import pickle, sys; from agentrl.runtime.batching import build_batch; "
+    code = ("import pickle, sys; from agentrl.algos.batching import build_batch; "
             "algo, group = pickle.loads(sys.stdin.buffer.read()); "
             "batch, stats = build_batch([group], algo); print(batch.advantages[1][2], stats['groups_with_signal'])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True,
@@ -204,7 +204,7 @@ def test_a_fresh_process_finds_the_plugin_through_the_config():
 def test_a_plugin_estimator_trains_one_step_through_the_real_stack(tiny_model_dir, ray_cluster, tmp_path):
     """``algo.plugins`` names this file: the driver validates ``algo.advantage=sign`` and the
     learner actor (another process) imports the file to build its batch."""
-    from agentrl.runtime.driver import train
+    from agentrl.driver.trainer import train
 
     cfg = load_config(None, [
         f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path / 'runs'}", "run.name=sign",

@@ -34,9 +34,9 @@ def test_a_long_evaluation_reports_its_progress(tiny_model_dir, ray_cluster):
     import ray
 
     from agentrl.config import load_config
+    from agentrl.driver.cluster import RolloutSide
+    from agentrl.driver.evaluate import GOLD_LIMITS
     from agentrl.envs.builtin.generator import builtin_split
-    from agentrl.runtime.cluster import RolloutSide
-    from agentrl.runtime.evaluate import GOLD_LIMITS
 
     cfg = load_config(None, [f"model.path={tiny_model_dir}"])
     side = RolloutSide.create(cfg, str(tiny_model_dir), rollout_cfg=cfg.rollout.model_copy(update=GOLD_LIMITS),
@@ -159,7 +159,7 @@ SHIPPED_MODEL = str(Path(__file__).resolve().parents[1] / "agentrl" / "assets" /
 ])
 def test_bad_sampling_flags_exit_2_before_ray(argv, says, tmp_path, capsys, monkeypatch):
     """Refused before tasks are loaded or Ray starts (init_ray here would fail the test)."""
-    import agentrl.runtime.evaluate as evaluate
+    import agentrl.driver.evaluate as evaluate
 
     def no_ray(cfg):
         raise AssertionError("Ray would start")
@@ -173,7 +173,7 @@ def test_bad_sampling_flags_exit_2_before_ray(argv, says, tmp_path, capsys, monk
 
 def test_sampling_defaults_are_greedy_once():
     from agentrl.cli import build_parser
-    from agentrl.runtime.evaluate import check_sampling
+    from agentrl.driver.evaluate import check_sampling
 
     args = build_parser().parse_args(["eval", "--tasks", "builtin:heldout"])
     assert (args.samples, args.temperature) == (1, 0.0)
@@ -183,7 +183,7 @@ def test_sampling_defaults_are_greedy_once():
 
 def test_pass_at_n_and_settings_line():
     from agentrl.config import load_config
-    from agentrl.runtime.evaluate import pass_at_n, rollout_settings
+    from agentrl.driver.evaluate import pass_at_n, rollout_settings
 
     rows = [{"task_id": t, "category": c, "outcome": o}
             for t, c, o in [("a", "x", 0.0), ("a", "x", 1.0), ("b", "x", 0.0), ("b", "x", 0.0), ("c", "y", 1.0), ("c", "y", 1.0)]]

@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from agentrl.api import ENV_ERROR, EnvError, GroupSummary
-from agentrl.runtime import scheduler as scheduler_mod
-from agentrl.runtime.scheduler import RolloutScheduler, collect
+from agentrl.driver import scheduler as scheduler_mod
+from agentrl.driver.scheduler import RolloutScheduler, collect
 
 
 class Dead(Exception):
@@ -190,7 +190,7 @@ def test_a_worker_that_dies_again_while_rebuilt_stops_the_run_resumably(monkeypa
     monitor killed it twice in a row on a SmolLM2 run): not an unexplained crash but
     ``ResumableFailure`` (exit 75, ``--resume auto``), naming the version and the error."""
     from agentrl.api import EngineNotStarted
-    from agentrl.runtime.preemption import ResumableFailure
+    from agentrl.checkpointing.preemption import ResumableFailure
 
     class EveryLoadFails(Engines):
         def sync(self, version):
@@ -214,7 +214,7 @@ def _summary(outcomes: list[float], failures: int = 0) -> GroupSummary:
 
 
 def test_dropped_episodes_are_counted_and_in_no_other_number():
-    from agentrl.runtime.rollout_worker import dropped_summary
+    from agentrl.rollout.worker import dropped_summary
     from agentrl.telemetry.summaries import step_metrics
 
     timings = {k: 0.0 for k in ("rollout_wait", "sync", "learn", "step")}
@@ -231,8 +231,8 @@ def test_a_step_with_no_group_to_learn_from_says_so(ray_cluster, tiny_model_dir,
     from types import SimpleNamespace
 
     from agentrl.config import load_config
-    from agentrl.runtime.driver import Trainer
-    from agentrl.runtime.replay_buffer import ReplayBuffer
+    from agentrl.driver.replay_buffer import ReplayBuffer
+    from agentrl.driver.trainer import Trainer
 
     cfg = load_config(None, [f"model.path={tiny_model_dir}"])
     prefetched = []
@@ -246,7 +246,7 @@ def test_a_step_with_no_group_to_learn_from_says_so(ray_cluster, tiny_model_dir,
 def test_keep_trainable_drops_failed_environments():
     from types import SimpleNamespace
 
-    from agentrl.runtime.rollout_worker import keep_trainable
+    from agentrl.rollout.worker import keep_trainable
 
     eps = [SimpleNamespace(termination=t) for t in ("done", ENV_ERROR, "length")] + [None]
     assert [e.termination for e in keep_trainable(eps)] == ["done", "length"]
@@ -283,7 +283,7 @@ def test_an_environment_that_fails_ends_the_episode_with_env_error(formatter):
 def test_a_dead_sgls_server_or_tool_actor_is_an_environment_error(monkeypatch):
     import ray
 
-    from agentrl.runtime import sgls_server, tool_pool
+    from agentrl.rollout import sgls_server, tool_pool
     from agentrl.tasks.schema import ToolCall
 
     class Server:
@@ -327,7 +327,7 @@ def test_a_hung_tool_call_times_out_with_an_error_naming_the_actor(ray_cluster):
     as an environment error (the episode ends with ENV_ERROR, its group is rolled out again)."""
     import ray
 
-    from agentrl.runtime.tool_pool import RemoteEnvSession
+    from agentrl.rollout.tool_pool import RemoteEnvSession
     from agentrl.tasks.schema import ToolCall
 
     @ray.remote(num_cpus=0)
@@ -351,7 +351,7 @@ def test_a_hung_tool_call_times_out_with_an_error_naming_the_actor(ray_cluster):
 def test_shutdown_runs_every_part_and_masks_no_error(tmp_path, capsys):
     from types import SimpleNamespace
 
-    from agentrl.runtime.driver import Trainer, _write_results
+    from agentrl.driver.trainer import Trainer, _write_results
 
     done = []
 
@@ -388,7 +388,7 @@ def test_rollout_call_owns_one_object_per_group_and_splits_into_parts(ray_cluste
     import ray
 
     from agentrl.api import GroupRef
-    from agentrl.runtime.cluster import RolloutCall
+    from agentrl.driver.cluster import RolloutCall
 
     @ray.remote(num_cpus=0)
     class Worker:

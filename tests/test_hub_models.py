@@ -1,4 +1,4 @@
-"""``model.path`` as a Hugging Face hub id, found in the HF cache (agentrl/runtime/hub.py).
+"""``model.path`` as a Hugging Face hub id, found in the HF cache (agentrl/models/hub.py).
 
 The cache is filled by huggingface_hub's own ``snapshot_download`` from a hub served on 127.0.0.1
 (``LocalHub``: the few endpoints a download uses, over the tiny test model's files), so its layout
@@ -24,9 +24,9 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import load_config
-from agentrl.runtime.cluster import resolve_model_path
-from agentrl.runtime.hub import parse_hub_id
-from agentrl.runtime.process_env import CACHE_DIRS, set_default_env
+from agentrl.config.process_env import CACHE_DIRS, set_default_env
+from agentrl.driver.cluster import resolve_model_path
+from agentrl.models.hub import parse_hub_id
 
 REPO = Path(__file__).resolve().parents[1]
 REPO_ID = "agentrl-test/tiny-agent"
@@ -109,7 +109,7 @@ def hub_env(hf_home: Path | None, **extra: str) -> dict:
 
 
 RESOLVE = ("import sys, agentrl.cli; from agentrl.config import load_config; "
-           "from agentrl.runtime.cluster import resolve_model_path; "
+           "from agentrl.driver.cluster import resolve_model_path; "
            "print(resolve_model_path(load_config(None, ['model.path=' + sys.argv[1]])))")
 
 

@@ -33,7 +33,7 @@ def _config(model_dir, tmp_path, *extra):
 
 
 def test_two_training_iterations_through_real_actors(tiny_model_dir, ray_cluster, tmp_path):
-    from agentrl.runtime.driver import train
+    from agentrl.driver.trainer import train
 
     evals = train(_config(tiny_model_dir, tmp_path), config_path=None)
     run_dir = next((tmp_path / "runs").iterdir())
@@ -88,7 +88,7 @@ def test_async_rollouts_overlap_learning_one_version_behind(tiny_model_dir, ray_
     dropped as stale) and the engine-vs-learner logprob gap is real, not ~0. The mid-run
     evaluation (eval_every=2) waits for the in-flight rollouts and syncs first. With
     learner.mini_batches=2 each step takes two optimizer steps."""
-    from agentrl.runtime.driver import train
+    from agentrl.driver.trainer import train
 
     # the test model rarely succeeds, so advantages are mostly 0: an entropy bonus makes every
     # update move the policy, so the one-version lag shows in the logprob gap
@@ -122,7 +122,7 @@ def test_async_rollouts_start_no_step_past_the_time_limit(tiny_model_dir, ray_cl
 
     import ray
 
-    from agentrl.runtime.driver import Trainer, load_task_sources
+    from agentrl.driver.trainer import Trainer, load_task_sources
 
     cfg = _config(tiny_model_dir, tmp_path, "train.async_rollouts=true", "train.steps=5", "telemetry.trajectories_every=0")
     trainer = Trainer(cfg, tmp_path, load_task_sources(cfg))
@@ -157,7 +157,7 @@ def test_max_staleness_2_runs_two_steps_ahead_and_the_buffer_drops_older_groups(
     counted, while step 4's (v2, lag 2) are still handed out."""
     import ray
 
-    from agentrl.runtime.driver import Trainer, load_task_sources
+    from agentrl.driver.trainer import Trainer, load_task_sources
 
     cfg = _config(tiny_model_dir, tmp_path, "train.async_rollouts=true", "buffer.max_staleness=2", "train.steps=4",
                   "telemetry.trajectories_every=0")
@@ -194,9 +194,9 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
     import ray
 
     from agentrl.envs.builtin.generator import builtin_split
-    from agentrl.runtime.learner import LearnerActor
-    from agentrl.runtime.rollout_worker import RolloutWorker
-    from agentrl.runtime.tool_pool import ToolPool
+    from agentrl.learning.learner import LearnerActor
+    from agentrl.rollout.tool_pool import ToolPool
+    from agentrl.rollout.worker import RolloutWorker
     from agentrl.weight_sync import make_weight_sync
 
     # 32-token KV blocks (vLLM's CPU default is 128): every later message of an episode reuses
@@ -275,9 +275,9 @@ def test_bf16_engine_takes_the_learners_weights(tiny_model_dir, ray_cluster, tmp
     import ray
 
     from agentrl.envs.builtin.generator import builtin_split
-    from agentrl.runtime.learner import LearnerActor
-    from agentrl.runtime.rollout_worker import RolloutWorker
-    from agentrl.runtime.tool_pool import ToolPool
+    from agentrl.learning.learner import LearnerActor
+    from agentrl.rollout.tool_pool import ToolPool
+    from agentrl.rollout.worker import RolloutWorker
     from agentrl.weight_sync import make_weight_sync
 
     cfg = _config(tiny_model_dir, tmp_path, "learner.lr=1e-2", "algo.kl_coef=0.0", "rollout.engine.dtype=bfloat16",
@@ -325,9 +325,9 @@ def test_every_estimator_trains_on_real_rollouts(tiny_model_dir, ray_cluster, tm
     import ray
 
     from agentrl.envs.builtin.generator import builtin_split
-    from agentrl.runtime.learner import LearnerActor
-    from agentrl.runtime.rollout_worker import RolloutWorker
-    from agentrl.runtime.tool_pool import ToolPool
+    from agentrl.learning.learner import LearnerActor
+    from agentrl.rollout.tool_pool import ToolPool
+    from agentrl.rollout.worker import RolloutWorker
 
     cfg = _config(tiny_model_dir, tmp_path)
     pool = ToolPool.create(1, 0.1, 8)
@@ -377,7 +377,7 @@ def test_a_killed_rollout_worker_tool_actor_or_engine_costs_no_group(tiny_model_
     import psutil
     import ray
 
-    from agentrl.runtime import driver
+    from agentrl.driver import trainer as driver
     from agentrl.telemetry.trajectories import read_trajectories
 
     launch, learn = driver.Trainer._launch_rollouts, driver.Trainer._learn

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.runtime.process_env import CACHE_DIRS
+from agentrl.config.process_env import CACHE_DIRS
 
 pytestmark = pytest.mark.integration
 

@@ -19,9 +19,9 @@ import urllib.request
 import jsonschema
 import pytest
 
+from agentrl.config.process_env import set_default_env
 from agentrl.llm import ChatClient, LLMEndpoint
 from agentrl.rewards.judge import judge_summary
-from agentrl.runtime.process_env import set_default_env
 
 pytestmark = pytest.mark.slow
 

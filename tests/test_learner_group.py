@@ -65,7 +65,7 @@ def _refs(groups):
 
 
 def _start(model_dir, lcfg, algo, ranks: int, rspo=None):
-    from agentrl.runtime.learner_group import LearnerGroup
+    from agentrl.learning.learner_group import LearnerGroup
 
     lcfg = lcfg.model_copy(update={"num_ranks": ranks})
     group = LearnerGroup.create(model_dir, lcfg, algo, "float32", 0, 1.0, rspo, cpus=1, gpus=0)
@@ -227,7 +227,7 @@ def test_lora_trains_adapters_only_and_two_ranks_make_the_one_rank_update(model_
     start = load_file(str(Path(model_dir) / "model.safetensors"))
     results = []
     for ranks in (1, 2):
-        from agentrl.runtime.learner_group import LearnerGroup
+        from agentrl.learning.learner_group import LearnerGroup
 
         group = LearnerGroup.create(model_dir, lcfg.model_copy(update={"num_ranks": ranks}), AlgoConfig(kl_coef=0.01),
                                     "float32", 0, 1.0, None, cpus=1, gpus=0, lora_cfg=lora)

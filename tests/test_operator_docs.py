@@ -65,16 +65,16 @@ def test_every_pod_has_the_same_grace_and_ray_job_stop_waits_within_it(path):
     declared = {float(g) for g in re.findall(r"gpu_gib=([\d.]+)", shape)}
     advertised = {json.loads(json.loads(g["rayStartParams"]["resources"]))["gpu_gib"] for g in spec["workerGroupSpecs"]}
     assert advertised == declared, (path.name, advertised, declared)
-    # every container passes the pod's SIGTERM on to the run first (agentrl/runtime/prestop.py), within the grace
+    # every container passes the pod's SIGTERM on to the run first (agentrl/checkpointing/prestop.py), within the grace
     for pod in _pods(manifest):
         for container in pod["containers"]:
             command = container["lifecycle"]["preStop"]["exec"]["command"]
-            assert command[:3] == ["python", "-m", "agentrl.runtime.prestop"], (path.name, command)
+            assert command[:3] == ["python", "-m", "agentrl.checkpointing.prestop"], (path.name, command)
             assert 0 < float(command[command.index("--timeout") + 1]) < grace, (path.name, command)
 
 
 def test_readme_show_example_names_a_task_the_quickstart_trains_on():
-    from agentrl.runtime.task_sources import TaskSampler
+    from agentrl.driver.task_sources import TaskSampler
 
     readme = (ROOT / "README.md").read_text()
     line = next(x for x in readme.splitlines() if x.startswith("agentrl show") and "--task" in x)

@@ -1,4 +1,4 @@
-"""`agentrl plan` and the placement it checks (agentrl/runtime/placement.py, plan.py, cluster_shape.py).
+"""`agentrl plan` and the placement it checks (agentrl/planning/placement.py, plan.py, cluster_shape.py).
 
 * the roles and bundles a config asks Ray for, the config rules on GPUs and tensor parallelism,
   and the vLLM arguments of a tensor-parallel engine;
@@ -34,10 +34,10 @@ from ray_nodes import free_ports, stop_node
 
 from agentrl.config import ConfigError, load_config
 from agentrl.engines.vllm_engine import parallel_args
-from agentrl.runtime import plan as plan_module
-from agentrl.runtime.cluster_shape import parse_shape
-from agentrl.runtime.placement import learner_bundles, plan_roles
-from agentrl.runtime.plan import check_plan
+from agentrl.planning import plan as plan_module
+from agentrl.planning.cluster_shape import parse_shape
+from agentrl.planning.placement import learner_bundles, plan_roles
+from agentrl.planning.plan import check_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
@@ -365,9 +365,9 @@ def test_placement_groups_go_to_the_emptiest_node_and_plain_actors_avoid_gpu_nod
 @pytest.fixture
 def fake_driver(monkeypatch):
     calls = []
-    module = types.ModuleType("agentrl.runtime.driver")
+    module = types.ModuleType("agentrl.driver.trainer")
     module.train = lambda config, config_path: calls.append(config)
-    monkeypatch.setitem(sys.modules, "agentrl.runtime.driver", module)
+    monkeypatch.setitem(sys.modules, "agentrl.driver.trainer", module)
     return calls
 
 
@@ -468,7 +468,7 @@ def test_runtime_engine_group_gives_a_tp_engine_its_gpus(gpu_cluster):
     code = f"""
 import ray
 from agentrl.config import load_config
-from agentrl.runtime.cluster import _engine_group_options
+from agentrl.driver.cluster import _engine_group_options
 cfg = load_config({QUICKSTART!r}, ["rollout.engine.tensor_parallel_size=2", "runtime.rollout_worker_gpus=2"])
 ray.init(address={address!r}, log_to_driver=False)
 @ray.remote
@@ -547,8 +547,8 @@ def test_plan_places_as_ray_does_on_two_gpu_nodes(two_gpu_nodes, qwen3_4b):
 def _places_as_ray_does(address: str, qwen3_4b: str) -> None:
     import ray
 
-    from agentrl.runtime.cluster_shape import connected_cluster
-    from agentrl.runtime.plan import reserve_where
+    from agentrl.planning.cluster_shape import connected_cluster
+    from agentrl.planning.plan import reserve_where
 
     config, overrides = recipe_run(ROOT / "deploy" / "rayjob-2x8.yaml")
     cfg = load_config(config, overrides)

@@ -22,7 +22,7 @@ from agentrl.api import Episode, EpisodeGroup
 from agentrl.cli import main
 from agentrl.envs import plugins
 from agentrl.envs.session import LocalEnvSession
-from agentrl.runtime.rollout_worker import eval_row, group_summary
+from agentrl.rollout.worker import eval_row, group_summary
 from agentrl.tasks.io import load_tasks
 from agentrl.tasks.schema import ToolCall
 from agentrl.telemetry.summaries import step_metrics

@@ -345,7 +345,7 @@ def test_a_tool_pool_actor_finds_the_plugin_through_agentrl_plugins(ray_cluster,
     as here (this session's cluster may have started before any config was validated)."""
     import ray
 
-    from agentrl.runtime.tool_pool import ToolBackendActor
+    from agentrl.rollout.tool_pool import ToolBackendActor
 
     task = load_tasks(EXAMPLE / "tasks.jsonl")[1]
     actor = ToolBackendActor.options(runtime_env={"env_vars": {plugins.ENV_VAR: str(EXAMPLE / "env.py")}}).remote()

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from ray_nodes import free_ports
 
+from agentrl.checkpointing.checkpoint import LATEST, complete_checkpoints
+from agentrl.checkpointing.preemption import EXIT_PREEMPTED
 from agentrl.cli import main
 from agentrl.config import dump_config, load_config
-from agentrl.runtime.checkpoint import LATEST, complete_checkpoints
-from agentrl.runtime.preemption import EXIT_PREEMPTED
 from agentrl.telemetry.metrics import METRICS_FILE
 
 pytestmark = pytest.mark.integration
@@ -86,7 +86,7 @@ def test_a_lost_learner_stops_the_run_resumably_and_resume_auto_recovers(tiny_mo
     checkpoint-1: steps 2 and 3 are trained, each logged once."""
     import ray
 
-    from agentrl.runtime import driver
+    from agentrl.driver import trainer as driver
 
     learn = driver.Trainer._learn
 
@@ -216,8 +216,8 @@ def test_sigterm_to_a_learner_rank_or_a_rollout_worker_checkpoints_and_resume_au
     import subprocess
     import sys
 
-    from agentrl.runtime.checkpoint import PREFIX
-    from agentrl.runtime.storage import Storage
+    from agentrl.checkpointing.checkpoint import PREFIX
+    from agentrl.checkpointing.storage import Storage
 
     env, temp = two_nodes
     stored = Storage(tmp_path / "store").child("job")

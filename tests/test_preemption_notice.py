@@ -27,8 +27,8 @@ SCRIPT = """
 import asyncio, os, signal, sys, time
 import ray
 from agentrl.config import load_config
-from agentrl.runtime.cluster import init_ray
-from agentrl.runtime.preemption import StopOnSignal, notices
+from agentrl.driver.cluster import init_ray
+from agentrl.checkpointing.preemption import StopOnSignal, notices
 
 assert init_ray(load_config(None, ["runtime.num_cpus=2"]))
 

@@ -1,4 +1,4 @@
-"""The pods' preStop hook (agentrl/runtime/prestop.py): which processes it signals, and that it
+"""The pods' preStop hook (agentrl/checkpointing/prestop.py): which processes it signals, and that it
 waits for them. Its own processes only (a shared machine may run other agentrl runs): a stand-in
 driver (``python -c ... agentrl train``) that, like the real one, ends a while after its SIGTERM,
 stand-in actor workers titled as Ray titles agentrl's actors, and bystanders it must not touch.
@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from agentrl.runtime.prestop import is_run_process, stop_run
+from agentrl.checkpointing.prestop import is_run_process, stop_run
 
 SLOW_DRIVER = ("import signal, sys, time\n"
                "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(2), sys.exit(75)))\n"

@@ -88,7 +88,7 @@ def test_cli_resume_errors_exit_2_before_ray(tmp_path, capsys):
 # ------------------------------------------------------------------ checkpoint folders
 
 def _fake_checkpoint(run: Path, step: int, complete: bool = True) -> Path:
-    from agentrl.runtime.checkpoint import FORMAT, STATE_FILE
+    from agentrl.checkpointing.checkpoint import FORMAT, STATE_FILE
 
     path = run / f"checkpoint-{step}"
     path.mkdir()
@@ -98,7 +98,7 @@ def _fake_checkpoint(run: Path, step: int, complete: bool = True) -> Path:
 
 
 def test_resume_picks_the_newest_complete_checkpoint_never_one_being_written(tmp_path):
-    from agentrl.runtime.checkpoint import LATEST, find_checkpoint, write_atomic
+    from agentrl.checkpointing.checkpoint import LATEST, find_checkpoint, write_atomic
 
     assert find_checkpoint(tmp_path) is None
     _fake_checkpoint(tmp_path, 2)
@@ -161,7 +161,7 @@ def _tasks(n: int) -> list:
 
 @pytest.mark.parametrize("fresh", [False, True])
 def test_task_sampler_resumes_its_draws(fresh):
-    from agentrl.runtime.task_sources import TaskSampler
+    from agentrl.driver.task_sources import TaskSampler
 
     cfg = load_config(None, [f"tasks.fresh_train={str(fresh).lower()}", "run.seed=3"])
     tasks = _tasks(5)
@@ -178,7 +178,7 @@ def test_task_sampler_resumes_its_draws(fresh):
 
 
 def test_rods_queue_and_running_job_survive(tmp_path):
-    from agentrl.runtime.synthesis_actor import restore_queue
+    from agentrl.driver.synthesis_actor import restore_queue
 
     t1, t2 = _tasks(2)
     state = {"step": 30, "synthesis_queue": [{"step": 28, "task": t1.model_dump(mode="json")},
@@ -189,7 +189,7 @@ def test_rods_queue_and_running_job_survive(tmp_path):
 
 
 def test_group_payloads_round_trip_through_msgpack():
-    from agentrl.runtime.checkpoint import _pack, _unpack
+    from agentrl.checkpointing.checkpoint import _pack, _unpack
 
     ep = Episode("t", [1, 2, 3], [0, 1, 1], [0.0, -0.123456789012345, -1e-300], [0, 1, 1], 1, [True, False], 2,
                  calls=[[{"name": "f", "arguments": {"a": [1, None, "x"], "2": {}}, "observation": "ok"}]],
@@ -343,7 +343,7 @@ def test_a_sigkilled_run_resumes_exactly(tiny_model_dir, ray_cluster, tmp_path):
 
     import torch
 
-    from agentrl.runtime.checkpoint import LATEST, STATE_FILE
+    from agentrl.checkpointing.checkpoint import LATEST, STATE_FILE
     from agentrl.telemetry.trajectories import read_trajectories
 
     config = tmp_path / "run.yaml"
@@ -416,8 +416,8 @@ def test_async_rods_run_resumed_from_a_checkpoint_continues_bit_for_bit(tiny_mod
     run that went on without stopping, and step 4 draws the same tasks from the restored pool."""
     import ray
 
-    from agentrl.runtime.checkpoint import ROLLOUTS_FILE, open_checkpoint, reopen_run_dir
-    from agentrl.runtime.driver import Trainer, load_task_sources
+    from agentrl.checkpointing.checkpoint import ROLLOUTS_FILE, open_checkpoint, reopen_run_dir
+    from agentrl.driver.trainer import Trainer, load_task_sources
 
     cfg = load_config(None, [
         f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path}", "tasks.heldout_size=2", "rollout.group_size=2",

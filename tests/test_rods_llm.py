@@ -371,7 +371,7 @@ def bfcl_seed():
 @pytest.mark.heavy  # kept out of make test's 30 minutes (pyproject.toml: markers)
 def test_tiny_model_under_vllm_runs_without_raising(tiny_model_dir):
     from agentrl.llm.adapters import BackgroundLoop, EngineLLM
-    from agentrl.runtime.sgls_server import start_engine, stop_engine
+    from agentrl.rollout.sgls_server import start_engine, stop_engine
 
     loop = BackgroundLoop()
     engine = start_engine(loop, str(tiny_model_dir), EngineConfig(), "float32", 0)

@@ -43,7 +43,7 @@ def _seeds(n: int = 5):
 def test_smollm2_synthesizes_builtin_variants():
     from agentrl.llm.adapters import BackgroundLoop, EngineLLM
     from agentrl.models.smollm2 import materialize_smollm2
-    from agentrl.runtime.sgls_server import start_engine, stop_engine
+    from agentrl.rollout.sgls_server import start_engine, stop_engine
 
     model = materialize_smollm2(REPO / ".cache" / "models" / "smollm2-135m-instruct")
     cfg = RodsLLMConfig(model_path=str(model), augment=["miss_func", "miss_param", "long_context"])

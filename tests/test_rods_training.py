@@ -25,7 +25,7 @@ def test_synthesis_actor_grows_the_pool_in_the_background(ray_cluster, source):
     and queued -> injected at the next epoch boundary -> sampled; the pool survives a restart."""
     import ray
 
-    from agentrl.runtime.synthesis_actor import SynthesisActor
+    from agentrl.driver.synthesis_actor import SynthesisActor
 
     seeds = _seeds(source, 12)
     cfg = RodsConfig(enabled=True, quota_per_category=3, epoch_steps=1, inject_fraction=0.5)
@@ -62,10 +62,10 @@ def test_training_with_rods_samples_from_the_pool_and_logs_every_event(tiny_mode
     uses SLCA (segment advantages, the least GRPO-like batch), benchmarks/compare_methods.py (arm rods) GRPO."""
     import ray
 
+    from agentrl.checkpointing.checkpoint import POOL_LOG, POOL_STATE
     from agentrl.cli import main
-    from agentrl.runtime.checkpoint import POOL_LOG, POOL_STATE
-    from agentrl.runtime.driver import train
-    from agentrl.runtime.synthesis_actor import SynthesisActor
+    from agentrl.driver.synthesis_actor import SynthesisActor
+    from agentrl.driver.trainer import train
 
     # The format-only test model rarely scores, so widen the boundary to every group (low = 0)
     # and switch retirement off: the point here is the plumbing, not the thresholds.
@@ -126,7 +126,7 @@ def test_llm_synthesizer_failures_are_counted_never_raised(ray_cluster, tiny_mod
     counted by reason and logged, and the actor keeps serving the pool."""
     import ray
 
-    from agentrl.runtime.synthesis_actor import SynthesisActor
+    from agentrl.driver.synthesis_actor import SynthesisActor
 
     seeds = _seeds("builtin:train", 8)
     if llm == "unreachable_endpoint":

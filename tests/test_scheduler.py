@@ -1,12 +1,12 @@
-"""RolloutScheduler (runtime/scheduler.py) with a stand-in for Ray: which weights each step's
+"""RolloutScheduler (driver/scheduler.py) with a stand-in for Ray: which weights each step's
 rollouts run on, and no weight load while a rollout call is running. No cluster needed."""
 
 from __future__ import annotations
 
 import pytest
 
-from agentrl.runtime import scheduler as scheduler_mod
-from agentrl.runtime.scheduler import NO_LOAD_IN_FLIGHT, RolloutScheduler
+from agentrl.driver import scheduler as scheduler_mod
+from agentrl.driver.scheduler import NO_LOAD_IN_FLIGHT, RolloutScheduler
 
 
 class Call:

@@ -357,7 +357,7 @@ def test_whitespace_detector():
 def test_vllm_generate_json_is_schema_valid_with_a_noisy_model(tiny_model_dir):
     from agentrl.config.schema import EngineConfig
     from agentrl.llm.adapters import BackgroundLoop
-    from agentrl.runtime.sgls_server import start_engine, stop_engine
+    from agentrl.rollout.sgls_server import start_engine, stop_engine
 
     loop = BackgroundLoop()
     engine = start_engine(loop, str(tiny_model_dir), EngineConfig(), "float32", 0)
@@ -381,7 +381,7 @@ def test_sgls_server_actor_shares_its_cache_across_backends(tiny_model_dir, ray_
     import ray
 
     from agentrl.config.schema import EngineConfig
-    from agentrl.runtime.sgls_server import RemoteSimulator, SGLSServer
+    from agentrl.rollout.sgls_server import RemoteSimulator, SGLSServer
 
     server = SGLSServer.options(max_concurrency=8).remote(model_path=str(tiny_model_dir), engine_cfg=EngineConfig(),
                                                           temperature=1.0, max_tokens=384)

@@ -27,7 +27,7 @@ def test_smollm2_simulates_tau2_airline_tools(ray_cluster):
 
     from agentrl.envs.sources import resolve_task_source
     from agentrl.models.smollm2 import materialize_smollm2
-    from agentrl.runtime.sgls_server import RemoteSimulator, SGLSServer
+    from agentrl.rollout.sgls_server import RemoteSimulator, SGLSServer
 
     model = materialize_smollm2(REPO / ".cache" / "models" / "smollm2-135m-instruct")
     server = SGLSServer.options(num_cpus=0.5).remote(

@@ -1,4 +1,4 @@
-"""run.storage: checkpoints and results in a shared or remote folder (agentrl/runtime/storage.py,
+"""run.storage: checkpoints and results in a shared or remote folder (agentrl/checkpointing/storage.py,
 docs/operating.md "Storage").
 
 The storage module against a local directory and against a real S3-compatible server (moto's
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.runtime.storage import MANIFEST, ChecksumError, Storage
+from agentrl.checkpointing.storage import MANIFEST, ChecksumError, Storage
 
 CREDENTIALS = "testing:testing"  # moto accepts any; given in the URI, so no AWS SDK lookup leaves the host
 
@@ -138,8 +138,8 @@ def test_prune_keeps_the_newest_complete_and_drops_what_is_older(store, tmp_path
 # ------------------------------------------------------------------ the local run folder
 
 def test_local_run_folder_needs_a_manifest_or_is_an_old_checkpoint(tmp_path, capsys):
+    from agentrl.checkpointing.checkpoint import FORMAT, STATE_FILE, complete_checkpoints, open_checkpoint
     from agentrl.config import load_config
-    from agentrl.runtime.checkpoint import FORMAT, STATE_FILE, complete_checkpoints, open_checkpoint
 
     cfg = load_config(None, ["train.steps=10"])
     run = tmp_path / "run"
@@ -171,7 +171,7 @@ def test_local_run_folder_needs_a_manifest_or_is_an_old_checkpoint(tmp_path, cap
 
 
 def test_a_restored_digest_that_differs_is_an_error():
-    from agentrl.runtime.checkpoint import check_digest
+    from agentrl.checkpointing.checkpoint import check_digest
 
     saved = {"module": "a" * 64, "optimizer": "b" * 64, "rng@rank1": "c" * 64}
     check_digest(saved, dict(saved), "checkpoint-2")
@@ -197,7 +197,7 @@ def test_two_learner_ranks_put_their_own_parts_into_s3_and_read_them_back(ray_cl
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from agentrl.config.schema import AlgoConfig, LearnerConfig
-    from agentrl.runtime.learner_group import LearnerGroup
+    from agentrl.learning.learner_group import LearnerGroup
 
     torch.manual_seed(0)
     model = tmp_path / "model"
@@ -248,9 +248,9 @@ def test_a_run_checkpoints_into_s3_and_resume_auto_continues_it_elsewhere(tiny_m
     train.steps=4 from output folder B, empty, finds checkpoint-2 in S3 as the newest complete one:
     it downloads it (the learner rank its parts, itself), restores the learner bit for bit, runs
     steps 3-4 and puts checkpoint-4, final/ and the logs into S3, pruning the incomplete checkpoint-3."""
+    from agentrl.checkpointing.checkpoint import STATE_FILE
     from agentrl.cli import main
     from agentrl.config import dump_config, load_config
-    from agentrl.runtime.checkpoint import STATE_FILE
 
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     uri = _s3_uri(s3_endpoint, _bucket(s3_endpoint), "runs")

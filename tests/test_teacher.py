@@ -9,12 +9,12 @@ from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy
 from agentrl.agent.teacher import Habits, demonstration
+from agentrl.algos.batching import shuffle_episode_rewards
 from agentrl.api import Episode, EpisodeGroup
 from agentrl.envs.builtin.generator import builtin_split, generate_tasks, text_key
 from agentrl.envs.builtin.ops import spends_looked_up_balance
 from agentrl.envs.session import LocalEnvSession
 from agentrl.rewards.behaviours import behaviour_counts, behaviour_rates
-from agentrl.runtime.batching import shuffle_episode_rewards
 
 
 def _play(task, played, formatter):

@@ -11,7 +11,7 @@ import types
 import pytest
 
 from agentrl.api import GroupSummary
-from agentrl.runtime.process_env import CACHE_DIRS, set_default_env
+from agentrl.config.process_env import CACHE_DIRS, set_default_env
 from agentrl.telemetry.metrics import MetricsSink, pick, ray_metric_name
 from agentrl.telemetry.progress import ProgressLine, eval_table, format_step
 from agentrl.telemetry.report import read_metrics, write_report

@@ -333,8 +333,8 @@ def test_agent_config_reaches_the_rollout_workers(tiny_model_dir, ray_cluster, t
     and the gold replay, written and parsed in pythonic, scores 1.0."""
     import ray
 
-    from agentrl.runtime.cluster import RolloutSide
-    from agentrl.runtime.evaluate import GOLD_LIMITS
+    from agentrl.driver.cluster import RolloutSide
+    from agentrl.driver.evaluate import GOLD_LIMITS
 
     path = tmp_path / "t.jinja"
     path.write_text(MARKED)

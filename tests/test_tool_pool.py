@@ -20,7 +20,7 @@ from agentrl.agent.parser import format_tool_calls
 from agentrl.envs.builtin.generator import builtin_split
 from agentrl.envs.session import LocalEnvSession
 from agentrl.rewards.scoring import score_episode
-from agentrl.runtime.tool_pool import RemoteEnvSession, ToolPool
+from agentrl.rollout.tool_pool import RemoteEnvSession, ToolPool
 from agentrl.tasks.schema import Task, ToolCall, ToolSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agentrl import __version__
+from agentrl.checkpointing.preemption import EXIT_PREEMPTED, Preempted, ResumableFailure
 from agentrl.cli._common import fail as _fail
 from agentrl.cli.make_model import add_make_model_parser
+from agentrl.config.process_env import set_default_env
 from agentrl.envs.plugins import find_plugin_error
-from agentrl.runtime.preemption import EXIT_PREEMPTED, Preempted, ResumableFailure
-from agentrl.runtime.process_env import set_default_env
 from agentrl.telemetry.trajectories import TrajectoryError, read_trajectories
 from agentrl.telemetry.transcript import print_episodes
 
@@ -75,7 +75,7 @@ def _eval_sources() -> str:
 def _run(fn, *args, **kwargs) -> int:
     """``fn`` (a run); 2 when the runtime stops on bad input.
 
-    The driver and runtime/cluster.py check the model path, the task files and the RODS state
+    The driver and driver/cluster.py check the model path, the task files and the RODS state
     before a run folder or Ray exists, and stop with ``SystemExit("error: <key>: <reason>")``;
     an exit code given as a string would be 1, and bad input is 2 here. So is a plugin's
     ``PluginError`` (a reward's bad value, a tool exception under rollout.on_tool_error=fail),
@@ -117,7 +117,7 @@ def _train(args: argparse.Namespace) -> int:
         return _fail(err)
     if (failed := _preflight(config, args)) is not None:
         return failed
-    from agentrl.runtime.driver import train  # torch/Ray only from here on
+    from agentrl.driver.trainer import train  # torch/Ray only from here on
 
     if args.resume is not None:
         return _run(train, config, config_path=str(Path(args.resume) / "config.yaml"), resume=args.resume)
@@ -133,9 +133,9 @@ def _train_auto(args: argparse.Namespace) -> int:
     is downloaded into the local folder, which may be empty or absent (another node, a new pod)."""
     import time
 
+    from agentrl.checkpointing.checkpoint import find_checkpoint
     from agentrl.config import ConfigError, load_config
     from agentrl.config.resume import load_resume_config
-    from agentrl.runtime.checkpoint import find_checkpoint
 
     if args.config is None or "=" in args.config:
         return _fail("--resume auto needs CONFIG: the run folder is its run.output_dir/<run.name>")
@@ -152,7 +152,7 @@ def _train_auto(args: argparse.Namespace) -> int:
         return _fail(err)
     if (failed := _preflight(config, args)) is not None:
         return failed
-    from agentrl.runtime.driver import train
+    from agentrl.driver.trainer import train
 
     if resumable:
         return _run(train, config, config_path=str(run_dir / "config.yaml"), resume=run_dir)
@@ -167,8 +167,8 @@ def _fetch_stored_config(config, run_dir: Path) -> bool:
     """``--resume auto`` with ``run.storage``: whether the run's folder there holds a complete
     checkpoint; if so its ``config.yaml`` is downloaded into ``run_dir`` (the run's own config, as
     ``--resume RUN`` reads it)."""
+    from agentrl.checkpointing.checkpoint import PREFIX, run_storage
     from agentrl.config import ConfigError
-    from agentrl.runtime.checkpoint import PREFIX, run_storage
 
     try:
         store = run_storage(config, run_dir)
@@ -186,12 +186,12 @@ def _fetch_stored_config(config, run_dir: Path) -> bool:
 
 def _preflight(config, args: argparse.Namespace) -> int | None:
     """``agentrl train``'s pre-flight: the run's plan checked against the cluster it will use (the
-    connected one, or the embedded cluster on this machine; runtime/plan.py), before any run
+    connected one, or the embedded cluster on this machine; planning/plan.py), before any run
     folder or actor exists. 2 with the plan and its reasons when the job cannot be placed or does
     not fit, else None (one summary line printed)."""
     if args.no_plan:
         return None
-    from agentrl.runtime.plan import preflight
+    from agentrl.planning.plan import preflight
 
     if config.runtime.ray_address or os.environ.get("RAY_ADDRESS"):
         # torch before ray.init, as the driver loads it (driver.train: oneMKL under `ray job submit`)
@@ -221,8 +221,8 @@ def _plan(args: argparse.Namespace) -> int:
         return _fail("--cluster declares a cluster and --address reads a running one: give one of them")
     if args.reserve and args.cluster:
         return _fail("--reserve places the plan on a running cluster: use it with --address (or RAY_ADDRESS), not --cluster")
-    from agentrl.runtime.cluster_shape import connected_cluster, parse_shape, this_machine
-    from agentrl.runtime.plan import check_plan, reserve
+    from agentrl.planning.cluster_shape import connected_cluster, parse_shape, this_machine
+    from agentrl.planning.plan import check_plan, reserve
 
     address = None if args.cluster else args.address or config.runtime.ray_address or os.environ.get("RAY_ADDRESS")
     try:
@@ -268,7 +268,7 @@ def _eval(args: argparse.Namespace) -> int:
         return _fail(err)
     print(f"agentrl eval: config {used}" + (f", overrides {' '.join(args.overrides)}" if args.overrides else ""),
           flush=True)
-    from agentrl.runtime.evaluate import evaluate
+    from agentrl.driver.evaluate import evaluate
 
     try:
         return _run(evaluate, config, args.tasks, gold=args.policy == "gold", out_path=args.out, limit=args.limit,

@@ -1,6 +1,6 @@
 """The policy learner: one rank's DeepSpeed engine that runs the PPO-clip / GRPO update.
 
-Lives inside one Ray actor per rank (``runtime/learner.py``), on CPU (gloo) or GPU (NCCL). With
+Lives inside one Ray actor per rank (``learning/learner.py``), on CPU (gloo) or GPU (NCCL). With
 ``learner.num_ranks`` > 1 every rank gets the whole step and trains its share of each mini-batch
 (``engines/learner_shards.py``): the update is the one a single rank would make, with ZeRO
 partitioning the model states across the ranks.

@@ -126,7 +126,7 @@ class VLLMEngine:
         seed: int | None,
     ) -> str:
         """The text of one chat completion constrained to ``json_schema`` (any JSON value when
-        None): the LLM tool simulator's request (``agentrl.runtime.sgls_server``).
+        None): the LLM tool simulator's request (``agentrl.rollout.sgls_server``).
 
         The chat template is applied here and the prompt passed as token ids, like ``generate``.
         Decoding stops at the tokenizer's end tokens once the grammar is complete; a cut-off

@@ -4,7 +4,7 @@ Ray-free: the boundary detector and seed selection (``boundary``), the skill sig
 keeps (``signature``), the synthesizer interface and the gates every variant passes
 (``synthesizer``), the synthesizers (``resample`` for builtin tasks, ``resample_bfcl`` for BFCL,
 ``llm_synth`` with ``llm_prompts`` / ``llm_checks``), and the active pool (``pool``). The Ray
-shell holding a pool and a synthesizer is ``agentrl.runtime.synthesis_actor``.
+shell holding a pool and a synthesizer is ``agentrl.driver.synthesis_actor``.
 """
 
 from agentrl.rods.boundary import REGIONS, GroupStat, group_stat, phi, region, select_seeds

@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 
 IDS_FILE = "trackers.json"
-CONFIG_FILE = "config.yaml"  # written by the driver (runtime/driver.py) before the sink exists
+CONFIG_FILE = "config.yaml"  # written by the driver (driver/trainer.py) before the sink exists
 DEFAULT_PROJECT = "agentrl"
 # (module to find, pip package) per tracker
 PACKAGES = {"mlflow": ("mlflow", "mlflow-skinny"), "wandb": ("wandb", "wandb")}
@@ -95,7 +95,7 @@ def run_status() -> str:
     err = sys.exc_info()[1]
     if err is None:
         return "FINISHED"
-    # Preempted (runtime/preemption.py, a layer above this one) and Ctrl-C stop a healthy run
+    # Preempted (checkpointing/preemption.py, a layer above this one) and Ctrl-C stop a healthy run
     return "KILLED" if isinstance(err, KeyboardInterrupt) or type(err).__name__ == "Preempted" else "FAILED"
 
 

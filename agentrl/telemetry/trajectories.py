@@ -22,7 +22,7 @@ types that differ from row to row, as in ``tasks/io.py``); everything else is ty
 Files hold ``telemetry.trajectories_every`` steps each, ``steps-<first>-<last>.parquet``, one row
 group per step. ``TrajectoryLog`` writes a window into a hidden partial file and renames it when
 the window ends, so a file under its final name is always complete. No Ray here: the actor that
-feeds it is ``runtime/trajectory_writer.py``.
+feeds it is ``rollout/trajectory_writer.py``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 a JSON schema. Calls are validated deterministically, answered by an LLM acting as the API server
 under JSON-constrained decoding, checked, retried, and cached per (task, history, call) so the
 episodes of a group see the same answers. The cluster-wide server is
-``agentrl.runtime.sgls_server.SGLSServer`` (kept out of this package: ``envs`` does not import Ray).
+``agentrl.rollout.sgls_server.SGLSServer`` (kept out of this package: ``envs`` does not import Ray).
 """
 
 from agentrl.envs.sgls.backend import (

@@ -6,7 +6,7 @@ Two layers, so the expensive part can live in one place for the whole cluster:
   the task's initial state) into an observation: cache lookup, prompt, JSON-constrained decoding,
   output validation, retries, and a clear error when all attempts fail. It owns the
   ``SimulationCache`` and talks to an ``llm``: an ``agentrl.llm.adapters.JsonLLM`` (an
-  OpenAI-compatible endpoint, or the in-cluster vLLM engine of ``agentrl.runtime.sgls_server``).
+  OpenAI-compatible endpoint, or the in-cluster vLLM engine of ``agentrl.rollout.sgls_server``).
 * ``SGLSBackend`` is one episode's ``ToolBackend``: it validates calls against the task's schemas
   (invalid calls never reach a simulator), keeps the episode's history and asks a *simulator* —
   any object with ``ToolSimulator.simulate``'s signature — for each valid call. In-process that is

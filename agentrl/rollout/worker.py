@@ -23,14 +23,14 @@ from agentrl.agent.chat import formatter_for
 from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy
 from agentrl.api import ENV_ERROR, POLICY, EngineNotStarted, EnvError, Episode, EpisodeGroup, Generation, GroupSummary
+from agentrl.config.process_env import set_default_env
 from agentrl.envs.plugins import PluginError
 from agentrl.rewards.behaviours import episode_behaviours
 from agentrl.rewards.hierr import HierRWeights
 from agentrl.rewards.registry import reward_name
 from agentrl.rewards.scoring import apply_summary, score_episode, seen_context
 from agentrl.rewards.summary import episode_summary_reward
-from agentrl.runtime.process_env import set_default_env
-from agentrl.runtime.tool_pool import ToolPool
+from agentrl.rollout.tool_pool import ToolPool
 from agentrl.tasks.schema import Task
 
 
@@ -330,7 +330,7 @@ class RolloutWorker:
         # an episode that could not open its session is left out (scored episodes that ended
         # with ENV_ERROR stay: a failed evaluation episode, visible in its termination)
         kept = [(e, t, k) for e, t, k in zip(eps, tasks, ks) if e is not None]
-        # "episode": the episode itself, for `agentrl eval`'s transcripts (runtime/evaluate.py takes it out)
+        # "episode": the episode itself, for `agentrl eval`'s transcripts (driver/evaluate.py takes it out)
         return [{**eval_row(e, t, k), "episode": e} for e, t, k in kept]
 
     def eval_progress(self) -> tuple[int, float]:

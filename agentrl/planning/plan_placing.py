@@ -1,5 +1,5 @@
-"""Where Ray puts a run's actors, simulated on a ``Cluster`` (``runtime/cluster_shape.py``) for
-``agentrl plan`` (``runtime/plan.py``).
+"""Where Ray puts a run's actors, simulated on a ``Cluster`` (``planning/cluster_shape.py``) for
+``agentrl plan`` (``planning/plan.py``).
 
 The roles are placed one after another in the order the driver creates them (``plan_roles``), each
 by the rule Ray itself applies to it (Ray 2.60's schedulers, ``src/ray/raylet/scheduling/policy``):
@@ -22,8 +22,8 @@ does not have): a plan's node names may be a permutation of Ray's, its layout is
 
 from __future__ import annotations
 
-from agentrl.runtime.cluster_shape import EPS, Cluster, Node, fmt_num
-from agentrl.runtime.placement import Role
+from agentrl.planning.cluster_shape import EPS, Cluster, Node, fmt_num
+from agentrl.planning.placement import Role
 
 SPREAD_THRESHOLD = 0.5  # Ray's scheduler_spread_threshold: a node under this utilization counts as empty
 

@@ -5,16 +5,16 @@
 ``Trainer.step`` runs five phases, one call each: (1) obtain this step's rollouts, (2) add them
 to the replay buffer (and to the RODS pool's statistics), (3) learn, (4) weight sync, (5)
 metrics. Which weights a rollout runs on, and when new weights may load, is decided by the
-``RolloutScheduler`` (runtime/scheduler.py); Ray and the rollout actors are set up by
-runtime/cluster.py, shared with ``agentrl eval``; the metric arithmetic is
+``RolloutScheduler`` (driver/scheduler.py); Ray and the rollout actors are set up by
+driver/cluster.py, shared with ``agentrl eval``; the metric arithmetic is
 ``agentrl.telemetry.summaries``.
 
 Runs the same in-process on an embedded Ray (``agentrl train CONFIG``) and under
 ``ray job submit`` against a cluster (Ray picks up ``RAY_ADDRESS``). The driver never fetches a
 trajectory payload: each group is a return object of its worker's call, owned by the driver (it
 outlives the worker) and left in the object store; the driver fetches the summaries and the
-learner resolves the groups (so does the trajectory writer: runtime/trajectory_writer.py).
-Where the step's tasks come from: runtime/task_sources.py.
+learner resolves the groups (so does the trajectory writer: rollout/trajectory_writer.py).
+Where the step's tasks come from: driver/task_sources.py.
 """
 
 from __future__ import annotations
@@ -28,10 +28,7 @@ from pathlib import Path
 import ray
 
 from agentrl.api import POLICY, GroupRef, GroupSummary
-from agentrl.config import Config, dump_config
-from agentrl.envs.builtin.generator import text_key
-from agentrl.envs.plugins import find_plugin_error
-from agentrl.runtime.checkpoint import (
+from agentrl.checkpointing.checkpoint import (
     POOL_LOG,
     TASKS_LOG,
     Checkpoint,
@@ -44,12 +41,15 @@ from agentrl.runtime.checkpoint import (
     write_checkpoint,
     write_final,
 )
-from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
-from agentrl.runtime.preemption import Preempted, ResumableFailure, StopOnSignal
-from agentrl.runtime.process_env import set_default_env
-from agentrl.runtime.scheduler import RolloutScheduler
-from agentrl.runtime.task_sources import TaskSampler, load_task_sources, start_synthesis_actor
-from agentrl.runtime.trajectory_writer import Trajectories
+from agentrl.checkpointing.preemption import Preempted, ResumableFailure, StopOnSignal
+from agentrl.config import Config, dump_config
+from agentrl.config.process_env import set_default_env
+from agentrl.driver.cluster import RolloutSide, init_ray, resolve_model_path
+from agentrl.driver.scheduler import RolloutScheduler
+from agentrl.driver.task_sources import TaskSampler, load_task_sources, start_synthesis_actor
+from agentrl.envs.builtin.generator import text_key
+from agentrl.envs.plugins import find_plugin_error
+from agentrl.rollout.trajectory_writer import Trajectories
 from agentrl.telemetry.metrics import MetricsSink
 from agentrl.telemetry.progress import ProgressLine, eval_table, print_eval_progress
 from agentrl.telemetry.summaries import eval_metrics, step_metrics
@@ -61,15 +61,15 @@ from agentrl.weight_sync import make_weight_sync
 class Trainer:
     """The actors of a run and one training step over them (``step``), plus evaluation and checkpoints.
 
-    ``rollout_side``: tool pool and rollout workers (``runtime/cluster.py``); ``scheduler``:
-    the rollouts in flight and when weights load (``runtime/scheduler.py``); ``buffer``,
+    ``rollout_side``: tool pool and rollout workers (``driver/cluster.py``); ``scheduler``:
+    the rollouts in flight and when weights load (``driver/scheduler.py``); ``buffer``,
     ``learner``, and ``rods`` (the synthesis actor, or None) as in docs/design.md §1. ``resume``:
-    the checkpoint a resumed run continues from (``runtime/checkpoint.py``); ``start_step`` is its step.
+    the checkpoint a resumed run continues from (``checkpointing/checkpoint.py``); ``start_step`` is its step.
     """
 
     def __init__(self, cfg: Config, run_dir: Path, tasks: dict[str, list], resume: Checkpoint | None = None):
-        from agentrl.runtime.learner_group import LearnerGroup
-        from agentrl.runtime.replay_buffer import ReplayBuffer
+        from agentrl.driver.replay_buffer import ReplayBuffer
+        from agentrl.learning.learner_group import LearnerGroup
 
         self.cfg, self.run_dir = cfg, run_dir
         self.storage = run_storage(cfg, run_dir)  # the run's folder in run.storage, or None
@@ -262,12 +262,12 @@ class Trainer:
         return rods_metrics
 
     def checkpoint(self, step: int):
-        """The run after ``step`` as ``checkpoint-<step>``, resumable (``runtime/checkpoint.py``)."""
+        """The run after ``step`` as ``checkpoint-<step>``, resumable (``checkpointing/checkpoint.py``)."""
         return write_checkpoint(self, step, self.evals)
 
     def save(self, out_dir: Path) -> None:
         """Learner weights (+ the RODS pool as rods_pool.json) into ``out_dir``, with a manifest;
-        with run.storage uploaded there too (``runtime/checkpoint.write_final``)."""
+        with run.storage uploaded there too (``checkpointing/checkpoint.write_final``)."""
         write_final(self, out_dir)
 
     def shutdown(self, raise_errors: bool = True) -> None:
@@ -297,7 +297,7 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
           run_dir: Path | None = None) -> dict:
     """Run a training job end to end; returns the start/end held-out evaluations. ``run_dir``: the
     new run's folder (default ``run.output_dir/<run.name>-<timestamp>``). A SIGTERM ends the run
-    after its current step with a checkpoint (``Preempted``; runtime/preemption.py). ``resume``: a run
+    after its current step with a checkpoint (``Preempted``; checkpointing/preemption.py). ``resume``: a run
     folder to continue from its newest complete checkpoint (``cfg`` is its config.yaml, with the
     overrides ``config/resume.py`` allows)."""
     from agentrl.telemetry.report import write_report
@@ -361,7 +361,7 @@ def _drop_if_bad_input(err: BaseException, run_dir: Path, fresh: bool) -> bool:
     """After a plugin's bad input (``PluginError``, e.g. a reward that returned a string): a new run
     folder without a checkpoint holds nothing worth keeping, so it is removed (True); one with a
     checkpoint, or a resumed run's, is kept and marked with ``FAILED`` (its text: the error)."""
-    from agentrl.runtime.checkpoint import find_checkpoint
+    from agentrl.checkpointing.checkpoint import find_checkpoint
 
     bad = find_plugin_error(err)
     if bad is None:

@@ -4,7 +4,7 @@
 its bundles (the resources Ray reserves), the placement strategy, and whether the runtime puts it
 in a placement group. The runtime places from the same functions (``learner_bundles`` in
 ``LearnerGroup.create``, ``rollout_bundle`` / ``rollout_uses_groups`` in ``RolloutSide.create``),
-so ``agentrl plan`` prints and checks (``runtime/plan.py``) exactly what a run asks Ray for:
+so ``agentrl plan`` prints and checks (``planning/plan.py``) exactly what a run asks Ray for:
 
 * the learner: ``learner.num_ranks`` bundles of {CPU: runtime.learner_cpus, GPU:
   runtime.learner_gpus}, PACK (as few nodes as fit); one rank is a plain actor with that request;
@@ -13,7 +13,7 @@ so ``agentrl plan`` prints and checks (``runtime/plan.py``) exactly what a run a
   ``runtime.rollout_worker_resources``, in a placement group of its own (STRICT_PACK: an engine's
   tensor-parallel GPUs on one node) when it asks for GPUs or ``rollout.engine.tensor_parallel_size``
   > 1; without GPUs a plain actor. Engines are independent groups: Ray places each
-  on the node with the most of its resources free, so they spread (``runtime/plan_placing.py``);
+  on the node with the most of its resources free, so they spread (``planning/plan_placing.py``);
 * tool-pool actors, the SGLS server, the RODS synthesis actor: plain actors with their ``*_cpus`` /
   ``num_gpus``; the replay buffer asks for nothing (0 CPU).
 """

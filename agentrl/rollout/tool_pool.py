@@ -42,7 +42,7 @@ class ToolBackendActor:
             # Tasks with backend "sgls" get a session answered by the cluster's SGLS server (one
             # per run, so every episode of a group shares its cache wherever it runs).
             from agentrl.envs.sgls import SGLSBackend
-            from agentrl.runtime.sgls_server import RemoteSimulator
+            from agentrl.rollout.sgls_server import RemoteSimulator
 
             register_backend("sgls", lambda task: SGLSBackend(task, RemoteSimulator(sgls_server, sgls_timeout_s), seed=sgls_seed))
 
@@ -188,7 +188,7 @@ def start_sgls_server(cfg, dtype: str = "float32", max_restarts: int = 0):
     if sc is None:
         return None
     from agentrl.llm import LLMEndpoint
-    from agentrl.runtime.sgls_server import SGLSServer
+    from agentrl.rollout.sgls_server import SGLSServer
 
     common = dict(temperature=sc.temperature, max_tokens=sc.max_tokens, cache_size=sc.cache_size, max_retries=sc.max_retries,
                   max_state_chars=sc.max_state_chars)

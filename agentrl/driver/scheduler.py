@@ -56,7 +56,7 @@ from collections.abc import Callable
 import ray
 
 from agentrl.api import EXPLORER, EngineNotStarted
-from agentrl.runtime.preemption import ResumableFailure
+from agentrl.checkpointing.preemption import ResumableFailure
 
 NO_LOAD_IN_FLIGHT = "never load weights while an episode is in flight"
 
@@ -187,7 +187,7 @@ class RolloutScheduler:
             self._load_weights(self._due)
             self._due = None
 
-    # ---- checkpoints (runtime/checkpoint.py)
+    # ---- checkpoints (checkpointing/checkpoint.py)
     def pending(self) -> tuple[dict[int, list], int | None]:
         """({step: results of its rollout calls}, waited for but left for their steps; the version
         due to load, or None): what a checkpoint must keep of the scheduler. Only async mode has

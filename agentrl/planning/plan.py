@@ -1,4 +1,4 @@
-"""The check of a run's plan (``runtime/placement.py``) against a cluster (``runtime/cluster_shape.py``).
+"""The check of a run's plan (``planning/placement.py``) against a cluster (``planning/cluster_shape.py``).
 
 ``check_plan(cfg, cluster)`` places the bundles of ``plan_roles(cfg)`` on a ``Cluster`` (declared
 with ``parse_shape``, read from a running Ray cluster by ``connected_cluster``, or this machine,
@@ -6,7 +6,7 @@ with ``parse_shape``, read from a running Ray cluster by ``connected_cluster``, 
 rank (``engines/memory_estimate.py``) against the device and host memory, and the engines' KV-cache
 budget, with the reasons the run cannot start when it cannot, and a warning for each node the run
 leaves idle. Placement follows Ray's own rules, role by role in the order the driver creates them
-(``runtime/plan_placing.py``: placement groups to the emptiest node, plain actors from the
+(``planning/plan_placing.py``: placement groups to the emptiest node, plain actors from the
 driver's node), simulated per GPU so fractional requests share a GPU as Ray shares them.
 ``agentrl plan --reserve`` asks the running cluster itself (``reserve``; ``reserve_where`` also
 says on which nodes Ray put each bundle).
@@ -25,10 +25,10 @@ from pathlib import Path
 
 from agentrl.config import Config
 from agentrl.engines.memory_estimate import DTYPE_BYTES, GiB, MemoryEstimate, ModelDims, estimate_for_config
-from agentrl.runtime.cluster_shape import Cluster, cluster_for_run, fmt_num
-from agentrl.runtime.hub import HubModelError, parse_hub_id, resolve_hub_model
-from agentrl.runtime.placement import Role, plan_roles
-from agentrl.runtime.plan_placing import NodeState, fmt_bundle, idle_nodes, place_role, why_not
+from agentrl.models.hub import HubModelError, parse_hub_id, resolve_hub_model
+from agentrl.planning.cluster_shape import Cluster, cluster_for_run, fmt_num
+from agentrl.planning.placement import Role, plan_roles
+from agentrl.planning.plan_placing import NodeState, fmt_bundle, idle_nodes, place_role, why_not
 
 HEADROOM = 0.9  # share of a device the learner's estimate may fill (MemoryEstimate.fits)
 

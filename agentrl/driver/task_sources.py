@@ -12,9 +12,9 @@ import json
 import random
 from pathlib import Path
 
+from agentrl.checkpointing.checkpoint import POOL_STATE, Checkpoint
 from agentrl.config import Config
 from agentrl.envs.builtin.generator import generate_tasks
-from agentrl.runtime.checkpoint import POOL_STATE, Checkpoint
 
 
 class TaskSampler:
@@ -98,7 +98,7 @@ def start_synthesis_actor(cfg: Config, tasks: dict[str, list], heldout: list, re
     """The RODS synthesis actor: its pool replaces the task sampler; seeds = tasks.train, and no
     synthesized task may repeat a held-out user turn. ``renumber``: a pool state from
     ``rods.resume_from`` starts a new run (steps from 1); a resumed run's keeps its steps."""
-    from agentrl.runtime.synthesis_actor import SynthesisActor
+    from agentrl.driver.synthesis_actor import SynthesisActor
 
     heldout_texts = frozenset(turn.user for t in heldout for turn in t.turns)
     return SynthesisActor.options(num_cpus=cfg.rods.num_cpus, num_gpus=cfg.rods.num_gpus).remote(

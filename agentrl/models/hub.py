@@ -2,7 +2,7 @@
 found in the Hugging Face cache.
 
 The hub is not reachable where agentrl usually runs, so a hub id is looked up in the cache only
-(``HF_HUB_OFFLINE=1``, agentrl's default: ``runtime/process_env.py``); a model gets there with
+(``HF_HUB_OFFLINE=1``, agentrl's default: ``config/process_env.py``); a model gets there with
 ``hf download ORG/NAME`` (or ``huggingface-cli download``) beforehand. Only when the user exports
 ``HF_HUB_OFFLINE=0`` may the lookup download what is missing. What the lookup returns is the
 snapshot folder, an ordinary model folder: the driver hands that absolute path to every actor
@@ -22,7 +22,7 @@ import os
 import re
 from pathlib import Path
 
-from agentrl.runtime.process_env import is_agentrl_default
+from agentrl.config.process_env import is_agentrl_default
 
 # org/name with the hub's characters, optionally @revision (a branch, tag or commit hash)
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<rev>[\w./-]+))?$")

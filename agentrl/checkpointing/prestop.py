@@ -1,11 +1,11 @@
-"""A Kubernetes preStop hook for agentrl's pods: ``python -m agentrl.runtime.prestop [--timeout S]``.
+"""A Kubernetes preStop hook for agentrl's pods: ``python -m agentrl.checkpointing.prestop [--timeout S]``.
 
 Kubernetes sends a deleted or preempted pod's SIGTERM to the container's main process, which in a
 KubeRay pod is ``ray start``: it stops the node's Ray processes at once, and agentrl's actors there
 die without a checkpoint. A preStop hook runs first, inside the pod's grace period, so the
 manifests in deploy/ run this module there. It sends SIGTERM to the run's processes in this pod
 (the ``agentrl train`` driver, and the Ray workers titled after agentrl's actors); a driver stops
-after the step in progress with a checkpoint (runtime/preemption.py), an actor posts a notice
+after the step in progress with a checkpoint (checkpointing/preemption.py), an actor posts a notice
 that makes the driver do the same. Then it waits until those processes have exited (the driver
 ends the run with exit 75, and Ray ends the run's actors with it) or ``--timeout`` seconds have
 passed, and returns, letting Kubernetes stop ``ray start``. Always exits 0: a preStop hook's
@@ -81,7 +81,7 @@ def stop_run(timeout_s: float, log=print, candidates: list[int] | None = None) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentrl.runtime.prestop", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m agentrl.checkpointing.prestop", description=__doc__.split("\n\n")[0])
     parser.add_argument("--timeout", type=float, default=280.0,
                         help="seconds to wait for the run's processes (keep it under terminationGracePeriodSeconds)")
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 a tool actor) ends the run with a checkpoint.
 
 The driver's handler records the signal (``StopOnSignal``). Every Ray worker process of the run
-gets a handler too (``install_notice_handler``, which ``runtime/cluster.py`` names as the job's
+gets a handler too (``install_notice_handler``, which ``driver/cluster.py`` names as the job's
 ``worker_process_setup_hook``): it posts a notice (which process, where, when) to the cluster's
 key-value store under the job's id and lets the process go on working; ``StopOnSignal.requested``
 reports the first notice, so the driver treats an actor's SIGTERM as its own. On Kubernetes a
@@ -94,7 +94,7 @@ class StopOnSignal:
 
 # ---------------------------------------------------------------------------- worker processes
 NOTICE_NAMESPACE = "agentrl_preemption"  # Ray KV namespace; keys "<job id>/<pid>"
-NOTICE_HOOK = "agentrl.runtime.preemption.install_notice_handler"  # runtime_env worker_process_setup_hook
+NOTICE_HOOK = "agentrl.checkpointing.preemption.install_notice_handler"  # runtime_env worker_process_setup_hook
 
 
 def install_notice_handler() -> None:

@@ -3,7 +3,7 @@
 It resolves the ``GroupRef``s handed over by the driver (payloads come straight from the object
 store), turns group rewards into per-token advantages with the configured estimator
 (``runtime.batching`` over the pure functions in ``agentrl.algos``), runs one update, and
-publishes weights as an object ref. In a learner group (``runtime/learner_group.py``) every rank
+publishes weights as an object ref. In a learner group (``learning/learner_group.py``) every rank
 runs the same calls on the same groups: what they compute from them is deterministic, so each
 rank builds the same batch and trains its share of it; rank 0 answers for the group.
 """
@@ -15,10 +15,10 @@ import time
 
 import ray
 
+from agentrl.algos.batching import build_batch, shuffle_episode_rewards
 from agentrl.algos.rspo import explorer_batch, merge_mixed_groups, policy_rewards, success_shares
 from agentrl.api import EpisodeGroup, GroupRef
-from agentrl.runtime.batching import build_batch, shuffle_episode_rewards
-from agentrl.runtime.process_env import set_default_env
+from agentrl.config.process_env import set_default_env
 
 
 @ray.remote

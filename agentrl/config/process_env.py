@@ -10,7 +10,7 @@ the Makefile's: ``$AGENTRL_CACHE/{hf,vllm,torch_extensions,triton,matplotlib}``.
 kept, and a hub id in ``model.path`` is looked up there. When the user set none, agentrl's
 ``$AGENTRL_CACHE/hf`` keeps anything the HF libraries write inside the checkout, and the hub-id
 lookup searches the hub's default cache (``~/.cache/huggingface/hub``) after it, so a model
-fetched with a plain ``hf download`` is still found (``runtime/hub.py``). Downloads stay off
+fetched with a plain ``hf download`` is still found (``models/hub.py``). Downloads stay off
 (``HF_HUB_OFFLINE=1``) unless the user exports ``HF_HUB_OFFLINE=0``.
 """
 

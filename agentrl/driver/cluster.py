@@ -5,13 +5,12 @@
 * ``resolve_model_path``: ``model.path`` as an absolute path, or a readable error;
 * ``RolloutSide``: the tool pool (plus the SGLS server when ``tools.sgls`` is set) and
   the rollout workers, placed with their ``runtime.*`` resources (an engine with GPUs in a placement
-  group of its own: ``runtime/placement.py``); it fans tasks out over the workers for rollouts and
+  group of its own: ``planning/placement.py``); it fans tasks out over the workers for rollouts and
   evaluations.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable
@@ -25,16 +24,17 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentrl.agent.chat import with_template_text
 from agentrl.api import EXPLORER, POLICY, GroupRef, GroupSummary
+from agentrl.checkpointing.preemption import NOTICE_HOOK
 from agentrl.config import Config
 from agentrl.config.schema import explorer_group_size
-from agentrl.runtime.hub import HubModelError, parse_hub_id, resolve_hub_model
-from agentrl.runtime.placement import rollout_bundle, rollout_uses_groups
-from agentrl.runtime.preemption import NOTICE_HOOK
+from agentrl.models.hub import HubModelError, parse_hub_id, resolve_hub_model
+from agentrl.planning.cluster_shape import embedded_cpus
+from agentrl.planning.placement import rollout_bundle, rollout_uses_groups
 
 
 def init_ray(cfg: Config) -> bool:
     """Connect to (or start) Ray; True when this call started/connected it and should shut it down.
-    Every worker process of the run gets the preemption notice handler (runtime/preemption.py): a
+    Every worker process of the run gets the preemption notice handler (checkpointing/preemption.py): a
     SIGTERM to an actor makes the driver checkpoint and stop, as one to the driver does. Under `ray
     job submit` Ray merges this with the job's runtime_env."""
     if ray.is_initialized():
@@ -50,29 +50,9 @@ def init_ray(cfg: Config) -> bool:
     return True
 
 
-def embedded_cpus(cfg: Config) -> int:
-    """Logical CPUs for an embedded cluster: at least what the actors ask for.
-
-    Ray CPUs are scheduling tokens, not cores. On a 2-core machine one rollout worker (1 CPU),
-    the learner (1 CPU) and tool-pool actors (0.1 each) would ask for 2.1, and Ray would leave an
-    actor pending forever; the engines share the cores anyway. Tool-pool actors count only where
-    they start (``tools.placement: pool`` or SGLS), so the quickstart asks for the 2 cores it has.
-    """
-    rt = cfg.runtime
-    workers = cfg.rollout.num_workers + (cfg.rspo.explorer_workers if cfg.rspo.enabled else 0)
-    need = rt.rollout_worker_cpus * workers + rt.learner_cpus * cfg.learner.num_ranks
-    if cfg.tools.placement == "pool" or cfg.tools.sgls is not None:
-        need += rt.tool_actor_cpus * cfg.tools.num_actors
-    if cfg.tools.sgls is not None:
-        need += cfg.tools.sgls.num_cpus
-    if cfg.rods.enabled:
-        need += cfg.rods.num_cpus
-    return rt.num_cpus or max(os.cpu_count() or 1, math.ceil(need))
-
-
 def resolve_model_path(cfg: Config) -> str:
     """``model.path`` as the absolute model folder every actor loads (on any node): a local folder,
-    else a hub id (``org/name[@revision]``) found in the Hugging Face cache (``runtime/hub.py``).
+    else a hub id (``org/name[@revision]``) found in the Hugging Face cache (``models/hub.py``).
     Exits with a hint when neither is there (the CLI exits 2)."""
     path = Path(cfg.model.path)
     if (path / "config.json").exists():  # a folder wins over a hub id of the same spelling
@@ -172,8 +152,8 @@ class RolloutSide:
 
         ``rollout_cfg`` replaces ``cfg.rollout`` for the workers (the gold replay's limits);
         ``engine=False`` (the gold replay) asks for no GPUs and starts no vLLM engine."""
-        from agentrl.runtime.rollout_worker import RolloutWorker
-        from agentrl.runtime.tool_pool import ToolPool, start_sgls_server
+        from agentrl.rollout.tool_pool import ToolPool, start_sgls_server
+        from agentrl.rollout.worker import RolloutWorker
 
         rt = cfg.runtime
         sgls = start_sgls_server(cfg, cfg.model.dtype, max_restarts=rt.max_actor_restarts)
@@ -186,7 +166,7 @@ class RolloutSide:
         base = {"num_cpus": rt.rollout_worker_cpus, "num_gpus": rt.rollout_worker_gpus if engine else 0,
                 "resources": dict(rt.rollout_worker_resources), "max_restarts": rt.max_actor_restarts}
         # with GPUs (or tensor parallelism) each engine gets a placement group of its own: one
-        # STRICT_PACK bundle holding all of its GPUs (runtime/placement.py, what `agentrl plan` checks)
+        # STRICT_PACK bundle holding all of its GPUs (planning/placement.py, what `agentrl plan` checks)
         grouped = engine and rollout_uses_groups(cfg)
 
         def options() -> dict:

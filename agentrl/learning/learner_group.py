@@ -22,7 +22,7 @@ import ray
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from agentrl.runtime.placement import learner_bundles
+from agentrl.planning.placement import learner_bundles
 
 # calls every rank runs (state changes, or collectives: ZeRO-3 gathers, gradient reductions)
 # (get_version too: the first one also reports a rank whose start failed)
@@ -94,10 +94,10 @@ class LearnerGroup:
     def create(cls, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float, rspo_cfg,
                cpus: float, gpus: float, lora_cfg=None, sampler_dtype: str | None = None) -> LearnerGroup:
         """Place and start ``learner_cfg.num_ranks`` ranks and build their learners."""
-        from agentrl.runtime.learner import LearnerActor
+        from agentrl.learning.learner import LearnerActor
 
         n = learner_cfg.num_ranks
-        bundles, grouped = learner_bundles(n, cpus, gpus)  # what `agentrl plan` checks (runtime/placement.py)
+        bundles, grouped = learner_bundles(n, cpus, gpus)  # what `agentrl plan` checks (planning/placement.py)
         placement = placement_group(bundles, strategy="PACK", name="") if grouped else None
         if placement is not None:
             _wait_for_placement(placement, n, bundles[0])

@@ -53,7 +53,7 @@ def build_synthesizer(rods_cfg, dtype: str = "float32"):
 
         return LLMSynthesizer(llm, llm_cfg, judge_llm=judge), close_endpoint
     from agentrl.llm.adapters import BackgroundLoop, EngineLLM
-    from agentrl.runtime.sgls_server import start_engine, stop_engine
+    from agentrl.rollout.sgls_server import start_engine, stop_engine
 
     loop = BackgroundLoop("rods-engine")
     engine = start_engine(loop, llm_cfg.model_path, llm_cfg.engine, dtype, rods_cfg.seed)

@@ -14,7 +14,7 @@
   pass, the fresh-task seed), the start evaluation, the version the engines still had to load,
   the size of ``rods_pool.jsonl`` at the checkpoint, and the learner's state digest;
 * ``manifest.json``, written last: every part above (relative path, size, sha256, computed by the
-  writer that wrote it). Only the manifest makes a checkpoint complete (``runtime/storage.py``).
+  writer that wrote it). Only the manifest makes a checkpoint complete (``checkpointing/storage.py``).
 
 Every writer stages its files in a folder of its own (each learner rank on its own node) and puts
 them into the checkpoint: without ``run.storage`` that is ``RUN/.checkpoint-<k>.tmp/`` (moved
@@ -38,19 +38,19 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 import ray
 
 from agentrl.api import EpisodeGroup, GroupRef, GroupSummary
+from agentrl.checkpointing.storage import MANIFEST, ChecksumError, Storage
 from agentrl.config import Config, dump_config
-from agentrl.runtime.storage import MANIFEST, ChecksumError, Storage
 from agentrl.telemetry.metrics import keep_steps_through
 from agentrl.telemetry.trajectories import TRAJECTORY_DIR, discard_after
 
-if TYPE_CHECKING:
-    from agentrl.runtime.driver import Trainer
+# the driver's Trainer (driver/trainer.py), a layer above: read through its attributes
+Trainer = Any
 
 FORMAT = 2
 PREFIX, LATEST, STATE_FILE = "checkpoint-", "latest", "trainer_state.json"

@@ -31,9 +31,9 @@ from pathlib import Path
 import ray
 
 from agentrl.config.schema import Config, RolloutConfig
+from agentrl.driver.cluster import RolloutSide, init_ray, resolve_model_path
 from agentrl.rewards.behaviours import behaviour_rates
-from agentrl.runtime.cluster import RolloutSide, init_ray, resolve_model_path
-from agentrl.runtime.rollout_worker import tool_error_line
+from agentrl.rollout.worker import tool_error_line
 from agentrl.telemetry.progress import print_eval_progress
 from agentrl.telemetry.summaries import summarize
 from agentrl.telemetry.trajectories import EVAL_STEP, TRAJECTORY_DIR, TrajectoryLog, eval_records
