@@ -1,4 +1,4 @@
-"""The package's dependency order, as the README states it, checked on the source.
+"""The package's dependency order, as docs/design.md's module table states it, checked on the source.
 
 Each package may import only packages before it in ``ORDER`` (and itself); no import-time cycle
 between modules (importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first, so those
@@ -73,12 +73,12 @@ def _package(mod: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def test_the_order_is_the_readme_module_table():
-    """The README's module table lists the packages in this order (lower layers first)."""
+def test_the_order_is_the_design_module_table():
+    """docs/design.md's module table ("Packages") lists the packages in this order (lower layers first)."""
     import re
 
-    readme = (PKG.parent / "README.md").read_text(encoding="utf-8")
-    table = readme[readme.index("**Module layout.**"):readme.index("## Algorithms")]
+    design = (PKG.parent / "docs" / "design.md").read_text(encoding="utf-8")
+    table = design[design.index("### Packages"):design.index("## 2. Data contracts")]
     rows = [re.sub(r"\.py$", "", name) for name in re.findall(r"^\| `([a-z_.]+)` \|", table, flags=re.M)]
     assert rows == [m for m in ORDER if m != "__main__"]
 
