@@ -1,0 +1,103 @@
+"""The method registry (agentrl/methods/registry.py): registration is checked, a method turns
+itself on from the config, and a registered method travels to another process by name.
+
+This module is itself a method plugin (``algo.plugins`` names this file): importing it
+registers ``flip_outcome``, which is on only for runs named "flip-outcome".
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import load_config
+from agentrl.methods import registry
+from agentrl.methods.base import Method, RolloutRole
+from agentrl.methods.registry import active_methods, build_method, extra_roles, register_method
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = str(Path(__file__).resolve())
+
+
+@register_method
+class FlipOutcome(Method):
+    """Test method: the policy trains on 1 - outcome; counts its groups after the update."""
+
+    name = "flip_outcome"
+
+    @classmethod
+    def enabled(cls, cfg):
+        return cfg.run.name == "flip-outcome"  # off for every other test's config
+
+    def trained_groups(self, groups):
+        return [replace(g, episodes=[replace(e, rewards={**e.rewards, "outcome": 1.0 - e.rewards["outcome"]})
+                                     for e in g.episodes]) for g in groups]
+
+    def after_update(self, learner, groups, metrics):
+        metrics["flip_outcome/groups"] = float(len(groups))
+
+
+def _cfg(*more: str):
+    return load_config(None, [f"algo.plugins=[{HERE}]", "algo.reward=outcome", *more])
+
+
+@pytest.fixture
+def scratch(monkeypatch):
+    """Registrations made by the test are gone after it."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+
+
+def test_registration_is_checked(scratch):
+    with pytest.raises(TypeError, match="needs a Method subclass"):
+        register_method(type("NotAMethod", (), {"name": "x"}))
+    with pytest.raises(ValueError, match="name must be an identifier"):
+        register_method(type("BadName", (FlipOutcome,), {"name": "flip-outcome"}))
+    with pytest.raises(TypeError, match="implement the classmethod enabled"):
+        register_method(type("NoSwitch", (Method,), {"name": "no_switch"}))
+    with pytest.raises(TypeError, match="keeps_policy_copy must be a bool"):
+        register_method(type("BadFlag", (FlipOutcome,), {"name": "bad_flag", "keeps_policy_copy": 1}))
+    with pytest.raises(ValueError, match="already registered by .*FlipOutcome"):
+        register_method(type("Other", (FlipOutcome,), {"name": "flip_outcome"}))
+    assert register_method(FlipOutcome) is FlipOutcome  # its module imported again: replaced, no clash
+    with pytest.raises(KeyError, match="did you mean 'flip_outcome'"):
+        build_method("flip_outcom", _cfg())
+
+
+def test_a_method_turns_itself_on_from_the_config():
+    on, off = _cfg("run.name=flip-outcome"), _cfg()
+    assert [m.name for m in active_methods(on)] == ["flip_outcome"] and active_methods(off) == []
+    assert "flip_outcome" in registry.method_names()
+
+
+def test_rollout_roles_are_checked(scratch):
+    with pytest.raises(ValueError, match="other than 'policy'"):
+        RolloutRole("policy", 1, "x.workers", 1)
+    with pytest.raises(ValueError, match="at least one worker"):
+        RolloutRole("scout", 0, "x.workers", 1)
+
+    def with_role(name: str):
+        role = RolloutRole("scout", 1, f"{name}.workers", 1)
+        return type(name, (FlipOutcome,), {"name": name, "rollout_roles": lambda self: [role]})
+
+    register_method(with_role("first"))
+    assert [r.workers_key for r in extra_roles(_cfg("run.name=flip-outcome"))] == ["first.workers"]
+    register_method(with_role("second"))
+    with pytest.raises(ValueError, match="same name"):
+        extra_roles(_cfg("run.name=flip-outcome"))
+
+
+def test_a_method_pickles_by_name_and_a_fresh_process_rebuilds_it_from_the_config_plugins():
+    """What a Ray actor does with the methods it is handed: unpickling looks the name up in the
+    registry after importing the config's plugins (this file, which that process never imported)."""
+    method = active_methods(_cfg("run.name=flip-outcome"))[0]
+    assert type(pickle.loads(pickle.dumps(method))) is FlipOutcome
+    code = ("import pickle, sys; m = pickle.loads(sys.stdin.buffer.read()); "
+            "print(m.name, type(m).__name__, m.cfg.run.name)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True,
+                         input=pickle.dumps(method)).stdout
+    assert out.decode().split() == ["flip_outcome", "FlipOutcome", "flip-outcome"]
