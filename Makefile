@@ -18,7 +18,7 @@ export RAY_TMPDIR          ?= /tmp/agentrl-ray
 export DS_ACCELERATOR      ?= cpu
 export PYTHONUNBUFFERED    := 1
 
-.PHONY: install demo lint test test-slow test-stress model clean
+.PHONY: install demo lint docs test test-slow test-stress model clean
 
 install: $(STAMP)
 
@@ -55,6 +55,11 @@ demo: install
 # Static checks (ruff: rules and line length in pyproject.toml); `make test` runs them first.
 lint: install
 	$(PY) -m ruff check agentrl tests benchmarks
+
+# The documentation site (mkdocs.yml; docs/ -> site/). --strict: a link to a page or heading that does
+# not exist is an error; `make test` builds it too (tests/test_docs.py).
+docs: install
+	$(VENV)/bin/mkdocs build --strict
 
 test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=900 --durations=25

@@ -434,7 +434,7 @@ def test_config_package_imports_neither_torch_nor_ray():
 
 
 def test_every_field_has_a_comment():
-    """The README's configuration reference is built from these comments."""
+    """The configuration reference (docs/configuration.md) is built from these comments."""
     for model in [Config] + [m for m in vars(schema).values()
                              if isinstance(m, type) and issubclass(m, schema.Section)]:
         if model is Config:

@@ -2,14 +2,18 @@
 
 * docs/configuration.md is exactly what ``python -m agentrl.config.reference`` renders from the
   schema (types, defaults, the comment above each field);
-* README.md keeps its quickstart (`make demo`, `make test`) and names every config section;
-* every dotted config key, `agentrl train` command and `make` target the README mentions exists,
-  and its relative links point at files in the repository;
+* README.md stays a front page (at most ``README_MAX_LINES`` lines), keeps its quickstart
+  (`make demo`, `make test`), names every config section and cites every method's paper, as
+  docs/methods.md does;
+* every dotted config key, `agentrl train` command and `make` target that README.md or a page of
+  docs/ mentions exists, and the README's relative links point at files in the repository;
+* the documentation site (mkdocs.yml, docs/) builds with ``mkdocs build --strict``: a link to a
+  page or a heading that does not exist, or a page left out of the navigation, fails;
 * every config key the docs write as an override (``section.key=value``) or in a YAML config (a
   ```yaml block, a configs/*.yaml file) exists, in README.md, docs/*.md, configs/ and the
   deploy/, cluster/ and docker/ files.
 
-Static checks only: no Ray, torch or network.
+Static checks only: no Ray, torch or network (the site build takes a few seconds).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from agentrl.config.schema import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+README_MAX_LINES = 260  # a front page: what it is, the two commands, results, links; the rest is docs/
 REFERENCE = ROOT / "docs" / "configuration.md"
 REGENERATE = "python -m agentrl.config.reference --out docs/configuration.md"
 
@@ -44,6 +49,12 @@ PENDING_LINKS: set[str] = set()
 @pytest.fixture(scope="module")
 def readme() -> str:
     return README.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def pages() -> str:
+    """README.md and every page of docs/ (the generated reference included), as one text."""
+    return "\n".join(p.read_text(encoding="utf-8") for p in [README, *sorted((ROOT / "docs").glob("*.md"))])
 
 
 # ------------------------------------------------------------------ configuration reference
@@ -110,12 +121,18 @@ def test_readme_quickstart_commands(readme):
     assert "held-out success: START -> END" in readme
 
 
-def test_readme_make_targets_exist(readme):
+def test_readme_is_a_front_page(readme):
+    lines = readme.count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move the detail to a page of docs/"
+
+
+def test_make_targets_exist(readme, pages):
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     targets = set(re.findall(r"^([A-Za-z][\w-]*):", makefile, flags=re.M))
-    mentioned = set(re.findall(r"\bmake ([a-z][\w-]*)", readme))
-    assert {"demo", "test"} <= mentioned
-    assert mentioned <= targets, f"README mentions make targets the Makefile lacks: {sorted(mentioned - targets)}"
+    command = r"(?:`|^)make ([a-z][\w-]*)"  # in inline code or a command line; not the English verb
+    assert {"demo", "test"} <= set(re.findall(command, readme, flags=re.M))
+    mentioned = set(re.findall(command, pages, flags=re.M))
+    assert mentioned <= targets, f"the docs mention make targets the Makefile lacks: {sorted(mentioned - targets)}"
 
 
 def test_readme_names_every_config_section(readme):
@@ -123,30 +140,32 @@ def test_readme_names_every_config_section(readme):
     assert not missing, f"README does not mention config sections {missing}"
 
 
-def test_readme_dotted_config_keys_exist(readme):
-    """Inline code naming a key (`algo.tis_cap`, `tasks.fresh_train=true`) must name a real one.
+def test_dotted_config_keys_exist(pages):
+    """Inline code naming a key (`algo.tis_cap`, `tasks.fresh_train=true`) in the README or a page of
+    docs/ must name a real one.
 
     Fenced blocks are left to the command test below (their error example is wrong on purpose)."""
-    prose = re.sub(r"```.*?```", "", readme, flags=re.S)
+    prose = re.sub(r"```.*?```", "", pages, flags=re.S)
     sections = "|".join(re.escape(name) for name in Config.model_fields)
     key = re.compile(rf"(?:{sections})\.[a-z_][a-z0-9_.]*")
     keys = {token.split("=", 1)[0] for span in re.findall(r"`([^`\n]+)`", prose)
             for token in span.split() if key.fullmatch(token.split("=", 1)[0])}
-    assert keys, "found no dotted config keys in the README"
+    assert keys, "found no dotted config keys in the docs"
     valid = set(_leaf_keys(Config)) | set(section_names())
-    unknown = sorted(k for k in keys if k not in valid)
-    assert not unknown, f"README names config keys the schema does not have: {unknown}"
+    unknown = sorted(k for k in keys if k not in valid and not _file_or_module(k))
+    assert not unknown, f"the docs name config keys the schema does not have: {unknown}"
 
 
-def test_readme_train_commands_are_valid_configs(readme):
-    commands = re.findall(r"agentrl train (configs/\S+\.yaml(?: [\w.]+=\S+)*)", readme)
-    assert commands, "found no `agentrl train configs/...` command in the README"
+def test_train_commands_are_valid_configs(readme, pages):
+    pattern = r"agentrl train (configs/[^\s`]+\.yaml(?: [\w.]+=[^\s`]+)*)"
+    assert re.findall(pattern, readme), "found no `agentrl train configs/...` command in the README"
+    commands = re.findall(pattern, pages)
     for command in commands:
         path, *overrides = shlex.split(command)
         try:
             load_config(ROOT / path, overrides)
         except ConfigError as err:  # pragma: no cover - the failure message is the point
-            pytest.fail(f"README command `agentrl train {command}` is not a valid config: {err}")
+            pytest.fail(f"the docs' command `agentrl train {command}` is not a valid config: {err}")
 
 
 def test_readme_local_links_exist(readme):
@@ -155,6 +174,37 @@ def test_readme_local_links_exist(readme):
     assert local, "found no relative links in the README"
     broken = sorted(link for link in local - PENDING_LINKS if not (ROOT / link).exists())
     assert not broken, f"README links to missing files: {broken}"
+
+
+# the papers the methods come from, cited by title in the README and on docs/methods.md
+PAPERS = {
+    "GiGPO": "Group-in-Group Policy Optimization for LLM Agent Training",
+    "SLCA-GRPO": "SLCA-GRPO: Resolving Cross-Segment Credit Misattribution in Tool-Calling RL",
+    "RODS": "RODS: Reward-Driven Online Data Synthesis for Multi-Turn Tool-Use Agents",
+    "RSPO": "RSPO: Reward-Swap Policy Optimization for Multi-Turn LLM Agents",
+}
+
+
+@pytest.mark.parametrize("method", sorted(PAPERS))
+def test_every_method_cites_its_paper(readme, method):
+    methods = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    for where, text in (("README.md", readme), ("docs/methods.md", methods)):
+        flat = " ".join(text.split())  # titles may wrap
+        assert PAPERS[method] in flat, f"{where} does not cite {method}'s paper by its title"
+
+
+def test_docs_site_builds_strict(tmp_path):
+    """mkdocs.yml's validation turns missing pages, missing headings and pages left out of the nav
+    into warnings, and --strict makes any warning fail the build."""
+    mkdocs = Path(sys.executable).with_name("mkdocs")
+    assert mkdocs.exists(), "mkdocs is not installed: it is in the test extra (pip install -e '.[test]')"
+    done = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    warnings = [line for line in done.stderr.splitlines() if line.startswith(("WARNING", "ERROR"))]
+    assert done.returncode == 0 and not warnings, "mkdocs build --strict failed:\n" + done.stderr[-4000:]
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
+    listed = set(re.findall(r"[\w/]+\.md", str(nav)))
+    assert listed == {p.name for p in (ROOT / "docs").glob("*.md")}, "every page of docs/ belongs in mkdocs.yml's nav"
 
 
 # ------------------------------------------------------------------ config keys in every doc
@@ -286,6 +336,17 @@ def test_doc_key_check_catches_stale_keys():
 
 
 # ------------------------------------------------------------------ helpers
+
+def _file_or_module(token: str) -> bool:
+    """`tasks.jsonl`, `model.safetensors` (file names) and `telemetry.metrics.prometheus_name` (a
+    function of agentrl/telemetry/metrics.py) look like config keys but are none."""
+    if re.search(r"\.(jsonl|json|parquet|safetensors|py|yaml|md|png)$", token):
+        return True
+    *module, name = token.split(".")
+    source = (ROOT / "agentrl" / Path(*module)).with_suffix(".py")
+    return len(module) > 1 and source.is_file() and re.search(
+        rf"^(?:def |class )?{re.escape(name)}\b", source.read_text(encoding="utf-8"), flags=re.M) is not None
+
 
 def _leaf_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     """Every documented key: values, optional sections (a row of their own: they may be null)

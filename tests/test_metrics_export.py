@@ -4,7 +4,7 @@ A Ray node is started on loopback with a metrics export port; a driver joined to
 through the real ``MetricsSink`` (``telemetry.ray_metrics``), and the node's Prometheus endpoint
 is scraped until the gauges appear (Ray reports application metrics every few seconds). Checked:
 every metric of the step is there under ``prometheus_name`` (``ray_agentrl_*``, which
-README.md and docs/operating.md give), labelled ``run=<run.name>``, with its value; and every
+docs/monitoring.md and docs/operating.md give), labelled ``run=<run.name>``, with its value; and every
 series the Grafana dashboard in deploy/grafana/ queries is one of them.
 """
 
@@ -26,7 +26,7 @@ from agentrl.telemetry.metrics import prometheus_name
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "agentrl-run.json"
-# a step's metrics as the driver logs them (README.md, "metrics.jsonl"), and an evaluation's
+# a step's metrics as the driver logs them (docs/monitoring.md, "metrics.jsonl"), and an evaluation's
 STEP = {"train/success": 0.5, "train/progress": 0.625, "perf/tokens_per_s": 1234.0, "time/generate": 3.5,
         "time/learn": 2.0, "time/sync": 0.25, "time/step": 6.0, "learner/loss": -0.125, "learner/kl": 0.01,
         "learner/grad_norm": 0.75, "train/policy_lag": 0.0, "buffer/size": 4.0, "eval/success": 0.4,

@@ -5,8 +5,10 @@
 * every pod of every KubeRay manifest has the same termination grace, a preStop hook that passes
   the pod's SIGTERM on to the run and waits less than the grace, and a RayJob's
   `RAY_JOB_STOP_WAIT_TIME_S` (how long `ray job stop` waits before its SIGKILL) fits inside it;
-* the task id README's `agentrl show --task` example names is one the quickstart trains on;
-* the statements issue 40 found false stay gone.
+* the task id each `agentrl show --task` example of README.md and docs/ names is one the
+  quickstart trains on;
+* the statements issue 40 found false stay gone (a README statement from the docs pages too, where
+  the README's detail moved).
 
 Static checks only: no Ray, torch or network.
 """
@@ -73,18 +75,23 @@ def test_every_pod_has_the_same_grace_and_ray_job_stop_waits_within_it(path):
             assert 0 < float(command[command.index("--timeout") + 1]) < grace, (path.name, command)
 
 
-def test_readme_show_example_names_a_task_the_quickstart_trains_on():
+@pytest.mark.parametrize("doc", ["README.md", "docs/quickstart.md", "docs/monitoring.md"])
+def test_show_example_names_a_task_the_quickstart_trains_on(doc):
     from agentrl.driver.task_sources import TaskSampler
 
-    readme = (ROOT / "README.md").read_text()
-    line = next(x for x in readme.splitlines() if x.startswith("agentrl show") and "--task" in x)
-    argv = shlex.split(line.split(" #", 1)[0])
-    task = argv[argv.index("--task") + 1]
-    step = int(re.search(r"fresh\d{3}(\d{4})-", task).group(1))  # the fresh-task seed counts the steps
+    text = (ROOT / doc).read_text()
+    lines = [x for x in text.splitlines() if x.startswith("agentrl show") and "--task" in x]
+    assert lines, f"{doc} has no `agentrl show ... --task` example"
     cfg = load_config(str(ROOT / "configs" / "quickstart.yaml"))
-    sampler = TaskSampler(cfg, [], set())
-    batches = [sampler.next(cfg.rollout.tasks_per_step) for _ in range(step)]
-    assert step <= cfg.train.steps and task in {t.id for t in batches[-1]}, [t.id for t in batches[-1]]
+    for line in lines:
+        argv = shlex.split(line.split(" #", 1)[0])
+        task = argv[argv.index("--task") + 1]
+        step = int(re.search(r"fresh\d{3}(\d{4})-", task).group(1))  # the fresh-task seed counts the steps
+        sampler = TaskSampler(cfg, [], set())
+        batches = [sampler.next(cfg.rollout.tasks_per_step) for _ in range(step)]
+        assert step <= cfg.train.steps and task in {t.id for t in batches[-1]}, [t.id for t in batches[-1]]
+        # recorded by then: trajectories are written every telemetry.trajectories_every steps
+        assert step % cfg.telemetry.trajectories_every == 0 or step == cfg.train.steps, (doc, step)
 
 
 @pytest.mark.parametrize("path, false_statement", [
@@ -103,4 +110,6 @@ def test_readme_show_example_names_a_task_the_quickstart_trains_on():
     ("docs/operating.md", "Only the driver handles SIGTERM"),
 ])
 def test_statements_found_false_stay_gone(path, false_statement):
-    assert false_statement not in (ROOT / path).read_text()
+    paths = [ROOT / path] + (sorted((ROOT / "docs").glob("*.md")) if path == "README.md" else [])
+    for doc in paths:
+        assert false_statement not in doc.read_text(), doc
