@@ -169,7 +169,9 @@ class TrainBatch:
     advantages: list[list[float]] | None = None
     token_rewards: list[list[float]] | None = None
     rollout_logprobs: list[list[float]] | None = None  # the sampler's logprobs, 0 off the policy tokens
-    explorer: list[bool] | None = None  # per sequence: sampled by the RSPO explorer (its IS cap applies)
+    # per sequence: sampled by another policy than the one trained (a method's rollout role, e.g.
+    # an exploration policy): never pi_old, and its own IS cap applies (PolicyLossConfig.foreign_is_cap)
+    foreign: list[bool] | None = None
     versions: list[int] | None = None  # per sequence: the policy version whose weights sampled it
 
     def __post_init__(self) -> None:
@@ -201,7 +203,7 @@ class MicroBatch:
     # with (whitened) GAE advantages
     advantages: Tensor
     rollout_logprobs: Tensor | None = None  # the sampler's logprobs, when the batch has them
-    explorer_rows: Tensor | None = None  # bool [B]: rows the RSPO explorer sampled, when the batch has them
+    foreign_rows: Tensor | None = None  # bool [B]: rows another policy sampled (TrainBatch.foreign), when any
     # filled in by the learner's phases
     ref_logprobs: Tensor | None = None  # frozen reference (KL in the loss)
     old_logprobs: Tensor | None = None  # pi_old

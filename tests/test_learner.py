@@ -428,10 +428,10 @@ def test_old_logprobs_from_the_rollout_skip_the_pi_old_pass(model_dir, batch):
     learner = DeepSpeedLearner(model_dir, lcfg, AlgoConfig(kl_coef=0.0), "float32", seed=0)
     try:
         assert learner.train_step(exact | {"versions": [0, 0, 1, 0]})["old_from_rollout"] == 0.0  # one stale episode
-        explorer = exact | {"versions": [1] * 4, "explorer": [False, True, False, False]}
+        explorer = exact | {"versions": [1] * 4, "foreign": [False, True, False, False]}
         assert learner.train_step(explorer)["old_from_rollout"] == 0.0  # the explorer's log-probs are not pi_A's
         learner.learner_cfg = lcfg.model_copy(update={"old_logprobs": "rollout"})
-        with pytest.raises(ValueError, match="learner.old_logprobs=rollout cannot score RSPO explorer"):
+        with pytest.raises(ValueError, match="learner.old_logprobs=rollout cannot score episodes another policy"):
             learner.train_step(explorer | {"versions": [2] * 4})
     finally:
         learner.close()

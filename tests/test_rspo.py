@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentrl.algos.batching import build_batch
-from agentrl.algos.losses import PolicyLossConfig, explorer_caps, policy_loss
+from agentrl.algos.losses import PolicyLossConfig, foreign_caps, policy_loss
 from agentrl.algos.rspo import explorer_batch, merge_mixed_groups, policy_rewards, success_shares
 from agentrl.api import EXPLORER, POLICY, Episode, EpisodeGroup
 from agentrl.config import ConfigError, load_config
@@ -55,7 +55,7 @@ def test_mixed_group_advantages_with_swapped_rewards_by_hand():
     a = math.sqrt(3) / 2
     expected = [[0, 0, s, s, 0, s] for s in (a, -a, -a, a)]
     assert [[round(x, 4) for x in row] for row in batch.advantages] == [[round(x, 4) for x in r] for r in expected]
-    assert batch.explorer == [False, False, False, True] and stats["groups_with_signal"] == 1.0
+    assert batch.foreign == [False, False, False, True] and stats["groups_with_signal"] == 1.0
 
 
 @pytest.mark.parametrize("advantage", ["grpo", "rloo", "slca", "gigpo"])
@@ -87,8 +87,8 @@ def test_policy_gradient_identical_under_changed_process_rewards(tiny_model_dir)
         m = pad_micro_batch(batch, list(range(len(batch))), 0)
         model.zero_grad()
         lp = token_logprobs(model, m.input_ids, m.attention_mask)
-        loss, _ = policy_loss(lp, lp.detach(), m.advantages, m.response_mask, PolicyLossConfig(explorer_is_cap=1.5),
-                              rollout_logprobs=m.rollout_logprobs, explorer_rows=m.explorer_rows)
+        loss, _ = policy_loss(lp, lp.detach(), m.advantages, m.response_mask, PolicyLossConfig(foreign_is_cap=1.5),
+                              rollout_logprobs=m.rollout_logprobs, foreign_rows=m.foreign_rows)
         loss.backward()
         return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
@@ -105,13 +105,13 @@ def test_is_cap_of_the_explorer_applies_to_its_rows_only():
     rollout = torch.full((2, 3), -1.0)
     mask = torch.ones(2, 3, dtype=torch.bool)
     rows = torch.tensor([False, True])
-    cfg = PolicyLossConfig(tis_cap=2.0, explorer_is_cap=1.5)
+    cfg = PolicyLossConfig(tis_cap=2.0, foreign_is_cap=1.5)
     for r, w in ((0, 2.0), (1, 1.5)):
         row_mask = mask.clone()
         row_mask[1 - r] = False
-        loss, _ = policy_loss(lp, lp, torch.ones(2, 3), row_mask, cfg, rollout_logprobs=rollout, explorer_rows=rows)
+        loss, _ = policy_loss(lp, lp, torch.ones(2, 3), row_mask, cfg, rollout_logprobs=rollout, foreign_rows=rows)
         assert float(loss) == pytest.approx(-w)
-    assert explorer_caps(rows, 2.0, 1.5).tolist() == [[2.0], [1.5]]
+    assert foreign_caps(rows, 2.0, 1.5).tolist() == [[2.0], [1.5]]
     # no explorer rows: tis_cap everywhere
     loss, _ = policy_loss(lp, lp, torch.ones(2, 3), mask, cfg, rollout_logprobs=rollout)
     assert float(loss) == pytest.approx(-2.0)
@@ -121,7 +121,7 @@ def test_explorer_batch_is_grpo_of_the_process_reward_over_the_policy_episodes()
     """Process (0.9, 0.1, 0.5) over the policy's three episodes: mean 0.5, std 0.4 -> A = 1, -1, 0;
     the explorer's episode is not in it."""
     batch = explorer_batch(merge_mixed_groups(_mixed()), "process")
-    assert len(batch) == 3 and batch.explorer is None
+    assert len(batch) == 3 and batch.foreign is None
     assert [round(row[2], 4) for row in batch.advantages] == [1.0, -1.0, 0.0]
     assert all(row[0] == row[1] == row[4] == 0 for row in batch.advantages)
     lone = [EpisodeGroup("t", "g", 0, [_episode(1.0, 0.2)])]
@@ -198,7 +198,7 @@ def test_kl_every_measures_the_kl_on_every_nth_derivation_and_leaves_the_explore
 
 def test_the_learner_derives_the_explorer_without_touching_the_policy(tiny_model_dir):
     """On the DeepSpeed learner: A's update weighs B's rows with rspo.is_cap (reported as
-    rspo/is_weight_mean); the derivation afterwards leaves A's weights, Adam state and LR
+    foreign_is_weight_mean); the derivation afterwards leaves A's weights, Adam state and LR
     schedule exactly as they were."""
     from agentrl.config.schema import LearnerConfig, RspoConfig
     from agentrl.engines.deepspeed_learner import DeepSpeedLearner
@@ -209,7 +209,7 @@ def test_the_learner_derives_the_explorer_without_touching_the_policy(tiny_model
     try:
         groups = policy_rewards(merge_mixed_groups(_mixed()), "outcome", "process", swap=True)
         m = learner.train_step(build_batch(groups, _algo())[0])
-        assert 0 < m["rspo/is_weight_mean"] <= 1.5 and m["rspo/explorer_tokens_trained"] == 3
+        assert 0 < m["foreign_is_weight_mean"] <= 1.5 and m["foreign_tokens_trained"] == 3
         params = {k: v.detach().clone() for k, v in learner.hf_model.state_dict().items()}
         state = learner.engine.basic_optimizer.state  # torch AdamW's own state (ZeRO keeps it per partition)
         adam = {id(p): {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()} for p, st in state.items()}

@@ -24,7 +24,7 @@ import torch
 
 from agentrl.algos.registry import estimator_for
 from agentrl.algos.slca import SEG_SUMMARY
-from agentrl.api import EXPLORER, EpisodeGroup, TrainBatch
+from agentrl.api import POLICY, EpisodeGroup, TrainBatch
 
 
 def _kl_sum(kl: list[float] | None, mask: list[int]) -> float:
@@ -50,7 +50,7 @@ def build_batch(groups: list[EpisodeGroup], algo, kl_per_token: list[list[float]
     (one list per episode, in group order) is used only when ``algo.kl_in == "reward"``.
     Returns the batch and its statistics."""
     estimator = estimator_for(algo)
-    input_ids, masks, logprobs, per_token_all, explorer, versions = [], [], [], [], [], []
+    input_ids, masks, logprobs, per_token_all, foreign, versions = [], [], [], [], [], []
     kl_coef = algo.kl_coef if (algo.kl_in == "reward" and kl_per_token is not None) else 0.0
     signal, n_ep, with_summary = 0, 0, 0
     for g in groups:
@@ -71,12 +71,12 @@ def build_batch(groups: list[EpisodeGroup], algo, kl_per_token: list[list[float]
             input_ids.append(e.token_ids)
             masks.append(e.response_mask)
             logprobs.append(e.logprobs)
-            explorer.append(e.policy == EXPLORER)
+            foreign.append(e.policy != POLICY)
             versions.append(e.policy_version)
             per_token_all.append([float(x) * m for x, m in zip(t.tolist(), e.response_mask)])
     target = "token_rewards" if estimator.needs_critic else "advantages"
     batch = TrainBatch(input_ids=input_ids, response_mask=masks, rollout_logprobs=logprobs,
-                       explorer=explorer if any(explorer) else None, versions=versions, **{target: per_token_all})
+                       foreign=foreign if any(foreign) else None, versions=versions, **{target: per_token_all})
     stats = {"groups_with_signal": signal / max(1, len(groups))}
     if estimator.needs_summary_reward:
         stats["episodes_with_summary"] = with_summary / max(1, n_ep)

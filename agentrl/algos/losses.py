@@ -132,24 +132,24 @@ def truncated_is_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: fl
     """w_t = min(pi_old / pi_rollout, cap) = min(exp(old - rollout), cap), detached.
 
     Corrects for the gap between the inference engine's sampling distribution (vLLM kernels,
-    possibly a stale policy version, or RSPO's explorer) and the learner's pi_old; the cap bounds
-    the variance (truncated IS, as in TIS / IMPALA). ``cap`` may be a tensor broadcast against
-    the logprobs (a cap per row: ``explorer_caps``)."""
+    possibly a stale policy version, or another policy a method samples with) and the learner's
+    pi_old; the cap bounds the variance (truncated IS, as in TIS / IMPALA). ``cap`` may be a tensor
+    broadcast against the logprobs (a cap per row: ``foreign_caps``)."""
     with torch.no_grad():
         w = torch.exp((old_logprobs - rollout_logprobs).clamp(max=_LOG_RATIO_CLAMP))
         return torch.minimum(w, torch.as_tensor(cap, dtype=w.dtype, device=w.device))
 
 
-def explorer_caps(explorer_rows: Tensor, tis_cap: float, explorer_is_cap: float) -> Tensor:
-    """[B, 1] IS caps: ``explorer_is_cap`` on rows RSPO's explorer sampled (w_t = min(pi_A / pi_B,
+def foreign_caps(foreign_rows: Tensor, tis_cap: float, foreign_is_cap: float) -> Tensor:
+    """[B, 1] IS caps: ``foreign_is_cap`` on rows another policy B sampled (w_t = min(pi_A / pi_B,
     C_B)), ``tis_cap`` on the policy's own rows."""
-    rows = explorer_rows.bool().unsqueeze(1)
-    return torch.where(rows, torch.tensor(explorer_is_cap), torch.tensor(tis_cap)).to(torch.float32)
+    rows = foreign_rows.bool().unsqueeze(1)
+    return torch.where(rows, torch.tensor(foreign_is_cap), torch.tensor(tis_cap)).to(torch.float32)
 
 
 def is_weight_sums(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cap: float) -> dict[str, float]:
     """Over ``mask``: the sum of truncated IS weights min(exp(old - rollout), cap), how many were
-    truncated, and the token count (summed over micro-batches for means of RSPO's explorer tokens)."""
+    truncated, and the token count (summed over micro-batches for means over another policy's tokens)."""
     with torch.no_grad():
         m = mask.bool()
         raw = torch.exp((old_logprobs - rollout_logprobs).clamp(max=_LOG_RATIO_CLAMP))
@@ -198,7 +198,7 @@ class PolicyLossConfig:
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
     loss_agg: str = "token_mean"
-    explorer_is_cap: float | None = None  # rspo.is_cap: the cap of rows RSPO's explorer sampled
+    foreign_is_cap: float | None = None  # the cap of rows another policy sampled (a method's learner part sets it)
 
     def __post_init__(self) -> None:
         if self.loss_agg not in LOSS_AGGREGATIONS:
@@ -222,7 +222,7 @@ def policy_loss(
     entropy: Tensor | None = None,
     n_tokens_global: float | Tensor | None = None,
     n_sequences_global: int | None = None,
-    explorer_rows: Tensor | None = None,
+    foreign_rows: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The learner's whole policy loss for one micro-batch (docs/design.md §4, "The policy loss").
 
@@ -234,7 +234,8 @@ def policy_loss(
         l_t   = -min(rho_t A_t, clip(rho_t, 1 - clip_low, 1 + clip_high) A_t)
                 dual clip (cfg.dual_clip = c > 1): for A_t < 0, l_t = min(l_t, -c A_t)
         w_t   = min(exp(old_logprobs_t - rollout_logprobs_t), C)   (1 without rollout_logprobs)
-                C = tis_cap; on ``explorer_rows`` (RSPO) C = cfg.explorer_is_cap, so w_t = min(pi_A / pi_B, C)
+                C = tis_cap; on ``foreign_rows`` (sampled by another policy B) C = cfg.foreign_is_cap,
+                so w_t = min(pi_A / pi_B, C)
         L     = sum_t m_t g_t w_t l_t / N                                   ("pg_loss", ``ppo_clip_loss``)
               + kl_coef * sum_t m_t g_t KL_t / N                            ("kl", only with ref_logprobs)
               - entropy_coef * sum_t m_t g_t H_t / N                        ("entropy_bonus", only if entropy_coef > 0)
@@ -260,8 +261,8 @@ def policy_loss(
         n_seq = int((mask.bool().sum(dim=1) > 0).sum()) if n_sequences_global is None else n_sequences_global
         weights = sequence_mean_weights(mask, n_seq, n_tok)
     cap: float | Tensor = cfg.tis_cap
-    if explorer_rows is not None and cfg.explorer_is_cap is not None:
-        cap = explorer_caps(explorer_rows, cfg.tis_cap, cfg.explorer_is_cap).to(old_logprobs.device)
+    if foreign_rows is not None and cfg.foreign_is_cap is not None:
+        cap = foreign_caps(foreign_rows, cfg.tis_cap, cfg.foreign_is_cap).to(old_logprobs.device)
     is_w = truncated_is_weights(old_logprobs, rollout_logprobs, cap) if rollout_logprobs is not None else None
     pg, stats = ppo_clip_loss(
         logprobs, old_logprobs, advantages * weights, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,

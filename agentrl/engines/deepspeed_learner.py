@@ -94,7 +94,7 @@ class DeepSpeedLearner:
         self.learner_cfg, self.algo_cfg, self.dtype = learner_cfg, algo_cfg, dtype
         self.loss_cfg = PolicyLossConfig.from_algo(algo_cfg)
         if rspo_cfg is not None:
-            self.loss_cfg = replace(self.loss_cfg, explorer_is_cap=rspo_cfg.is_cap)
+            self.loss_cfg = replace(self.loss_cfg, foreign_is_cap=rspo_cfg.is_cap)
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
         self.temperature = temperature
@@ -261,7 +261,8 @@ class DeepSpeedLearner:
     def _old_from_rollout(self, batch: TrainBatch) -> bool:
         """Whether pi_old is the sampler's log-probs (``learner.old_logprobs``). ``auto``: when every
         episode was sampled by this learner's current weights (the version before this step's
-        update) at its compute dtype, and none by RSPO's explorer (whose log-probs are not pi_A's)."""
+        update) at its compute dtype, and none by another policy (``batch.foreign``: its log-probs are
+        not pi_A's)."""
         mode = self.learner_cfg.old_logprobs
         if mode == "recompute":
             return False
@@ -269,14 +270,14 @@ class DeepSpeedLearner:
             if mode == "rollout":
                 raise ValueError("learner.old_logprobs=rollout, but the batch has no rollout log-probs")
             return False
-        explorer = batch.explorer is not None and any(batch.explorer)
+        foreign = batch.foreign is not None and any(batch.foreign)
         if mode == "rollout":
-            if explorer:
-                raise ValueError("learner.old_logprobs=rollout cannot score RSPO explorer episodes (their log-probs are "
-                                 "the explorer's, not the policy's); use auto or recompute")
+            if foreign:
+                raise ValueError("learner.old_logprobs=rollout cannot score episodes another policy sampled (their "
+                                 "log-probs are that policy's, not the trained one's); use auto or recompute")
             return True
         on_policy = batch.versions is not None and all(v == self.version - 1 for v in batch.versions)
-        return on_policy and not explorer and self.sampler_dtype == self.compute_dtype
+        return on_policy and not foreign and self.sampler_dtype == self.compute_dtype
 
     def _build_mini_batches(self, batch: TrainBatch) -> list[_MiniBatch]:
         """The step's random mini-batches (``_mini_batches``), each as this rank's share of its
@@ -336,10 +337,10 @@ class DeepSpeedLearner:
                 scored, entropy = (lp, ent) if from_rollout else (m.old_logprobs, m.old_entropy)
                 metrics.add_pi_old(rollout_stats(scored, m.response_mask, rollout_logprobs=m.rollout_logprobs,
                                                  entropy=entropy, tis_cap=self.loss_cfg.tis_cap, n_tokens_global=diag_tokens))
-                if m.explorer_rows is not None and m.rollout_logprobs is not None:  # RSPO: pi_A / pi_B on B's tokens
-                    metrics.add_explorer(is_weight_sums(m.old_logprobs, m.rollout_logprobs,
-                                                        m.response_mask & m.explorer_rows.unsqueeze(1),
-                                                        self.loss_cfg.explorer_is_cap or self.loss_cfg.tis_cap))
+                if m.foreign_rows is not None and m.rollout_logprobs is not None:  # pi_A / pi_B on B's tokens
+                    metrics.add_foreign(is_weight_sums(m.old_logprobs, m.rollout_logprobs,
+                                                       m.response_mask & m.foreign_rows.unsqueeze(1),
+                                                       self.loss_cfg.foreign_is_cap or self.loss_cfg.tis_cap))
         metrics.grad_norms.append(self._optimizer_step())
 
     def _micro_batch_loss(self, m: MicroBatch, n_mini: int, seqs_mini: int,
@@ -352,7 +353,7 @@ class DeepSpeedLearner:
         loss, stats = policy_loss(
             lp, m.old_logprobs, m.advantages, m.response_mask, self.loss_cfg, rollout_logprobs=m.rollout_logprobs,
             ref_logprobs=m.ref_logprobs, entropy=ent, n_tokens_global=n_mini, n_sequences_global=seqs_mini,
-            explorer_rows=m.explorer_rows,
+            foreign_rows=m.foreign_rows,
         )
         return loss, stats, lp.detach(), (ent.detach() if ent is not None else None)
 

@@ -33,10 +33,10 @@ def pad_micro_batch(batch: TrainBatch, rows: Sequence[int], pad_id: int,
     ids, attn, resp, adv, *roll = pad_batch(
         [batch.input_ids[i] for i in rows], pad_id, *[[col[i] for i in rows] for col in columns], device=device
     )
-    explorer = None
-    if batch.explorer is not None:
-        explorer = torch.tensor([bool(batch.explorer[i]) for i in rows], dtype=torch.bool, device=ids.device)
-    return MicroBatch(ids, attn, (resp > 0) & (attn > 0), adv, roll[0] if roll else None, explorer_rows=explorer)
+    foreign = None
+    if batch.foreign is not None:
+        foreign = torch.tensor([bool(batch.foreign[i]) for i in rows], dtype=torch.bool, device=ids.device)
+    return MicroBatch(ids, attn, (resp > 0) & (attn > 0), adv, roll[0] if roll else None, foreign_rows=foreign)
 
 
 def pack_sequences(seqs: Sequence[Sequence[int]], device: torch.device | str | None = None) -> tuple[Tensor, Tensor, Tensor]:

@@ -52,7 +52,7 @@ class StepMetrics:
         self.n_tokens, self.n_sequences, self.loss_agg = n_tokens, n_sequences, loss_agg
         self.sums = dict.fromkeys(self._LOSS_TERMS, 0.0)
         self.pi_old = dict.fromkeys(self._PI_OLD, 0.0)
-        self.explorer = {"weight_sum": 0.0, "clipped": 0.0, "tokens": 0.0}  # RSPO: IS weights on B's tokens
+        self.foreign = {"weight_sum": 0.0, "clipped": 0.0, "tokens": 0.0}  # IS weights on other policies' tokens
         self.grad_norms: list[float] = []
 
     def add_loss(self, loss: Tensor, stats: dict[str, Tensor], n_micro: int, n_mini: int, seqs_mini: int) -> None:
@@ -71,22 +71,22 @@ class StepMetrics:
         for key, value in stats.items():
             self.pi_old[key] += float(value)
 
-    def add_explorer(self, sums: dict[str, float]) -> None:
-        """One micro-batch's ``is_weight_sums`` over the explorer's tokens."""
+    def add_foreign(self, sums: dict[str, float]) -> None:
+        """One micro-batch's ``is_weight_sums`` over the tokens another policy sampled."""
         for key, value in sums.items():
-            self.explorer[key] += value
+            self.foreign[key] += value
 
     def all_reduce(self) -> None:
         """Add up the ranks' partial sums (a learner group; nothing to do with one rank)."""
-        for part in (self.sums, self.pi_old, self.explorer):
+        for part in (self.sums, self.pi_old, self.foreign):
             part.update(all_reduce_sums(part))
 
     def result(self, epochs: int, with_rollout: bool, extra: dict[str, float], **fields: float) -> dict[str, float]:
         out = {k: v / float(epochs) for k, v in self.sums.items()}
-        if self.explorer["tokens"]:
-            n = self.explorer["tokens"]
-            out.update({"rspo/is_weight_mean": self.explorer["weight_sum"] / n,
-                        "rspo/is_clip_frac": self.explorer["clipped"] / n, "rspo/explorer_tokens_trained": n})
+        if self.foreign["tokens"]:
+            n = self.foreign["tokens"]
+            out.update({"foreign_is_weight_mean": self.foreign["weight_sum"] / n,
+                        "foreign_is_clip_frac": self.foreign["clipped"] / n, "foreign_tokens_trained": n})
         out.update(self.pi_old)
         out.update(extra)
         if not with_rollout:

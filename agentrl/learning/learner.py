@@ -20,6 +20,9 @@ from agentrl.algos.rspo import explorer_batch, merge_mixed_groups, policy_reward
 from agentrl.api import EpisodeGroup, GroupRef
 from agentrl.config.process_env import set_default_env
 
+_RSPO_NAMES = {"foreign_is_weight_mean": "rspo/is_weight_mean", "foreign_is_clip_frac": "rspo/is_clip_frac",
+               "foreign_tokens_trained": "rspo/explorer_tokens_trained"}
+
 
 @ray.remote
 class LearnerActor:
@@ -98,6 +101,9 @@ class LearnerActor:
         metrics.update(extra)
         if self.rspo is not None:
             metrics.update(rspo_metrics)
+            for key, name in _RSPO_NAMES.items():  # the IS weights on the explorer's tokens, under RSPO's names
+                if key in metrics:
+                    metrics[name] = metrics.pop(key)
             metrics.update(self._derive_explorer(groups))
         metrics["staleness"] = float(sum(self.learner.version - 1 - g.version for g in groups) / max(1, len(groups)))
         metrics["learn_seconds"] = time.perf_counter() - t0
