@@ -65,10 +65,13 @@ def _refs(groups):
 
 
 def _start(model_dir, lcfg, algo, ranks: int, rspo=None):
+    from agentrl.config import Config
     from agentrl.learning.learner_group import LearnerGroup
+    from agentrl.methods.rspo import RspoMethod
 
     lcfg = lcfg.model_copy(update={"num_ranks": ranks})
-    group = LearnerGroup.create(model_dir, lcfg, algo, "float32", 0, 1.0, rspo, cpus=1, gpus=0)
+    methods = [RspoMethod(Config(algo=algo, rspo=rspo))] if rspo is not None else None
+    group = LearnerGroup.create(model_dir, lcfg, algo, "float32", 0, 1.0, methods, cpus=1, gpus=0)
     import ray
 
     assert ray.get(group.get_version.remote()) == 0

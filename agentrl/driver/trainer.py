@@ -49,6 +49,7 @@ from agentrl.driver.scheduler import RolloutScheduler
 from agentrl.driver.task_sources import TaskSampler, load_task_sources, start_synthesis_actor
 from agentrl.envs.builtin.generator import text_key
 from agentrl.envs.plugins import find_plugin_error
+from agentrl.methods.registry import active_methods
 from agentrl.rollout.trajectory_writer import Trajectories
 from agentrl.telemetry.metrics import MetricsSink
 from agentrl.telemetry.progress import ProgressLine, eval_table, print_eval_progress
@@ -85,9 +86,10 @@ class Trainer:
                                                weight_sync=rt.weight_sync)
         self.workers, self.sgls = self.rollout_side.workers, self.rollout_side.sgls
         self.buffer = ReplayBuffer.remote(cfg.buffer.capacity_groups, cfg.buffer.max_staleness)
+        self.methods = active_methods(cfg)  # research methods the config turns on (agentrl/methods/)
         # the learner scores tokens under the tempered distribution the rollouts sampled from
         self.learner = LearnerGroup.create(model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed,
-                                           cfg.rollout.temperature, cfg.rspo, cpus=rt.learner_cpus, gpus=rt.learner_gpus,
+                                           cfg.rollout.temperature, self.methods, cpus=rt.learner_cpus, gpus=rt.learner_gpus,
                                            lora_cfg=cfg.model.lora, sampler_dtype=cfg.rollout.engine.dtype or cfg.model.dtype)
         starts = self.rollout_side.start()
         learner_version = ray.get(self.learner.get_version.remote())
@@ -230,7 +232,7 @@ class Trainer:
 
     def _metrics(self, summaries: list[GroupSummary], learn: dict, observed, timings: dict[str, float]) -> dict[str, float]:
         """Phase 5: the step's metrics (``telemetry.summaries.step_metrics``) plus the actors' own."""
-        m = step_metrics(summaries, timings, learn, self.version)
+        m = step_metrics(summaries, timings, learn, self.version, namespaces=tuple(f"{x.name}/" for x in self.methods))
         m.update(self.scheduler.pop_recoveries())  # recovery/worker_restarts, recovery/reissued_groups
         if m["train/env_failures"]:
             print(f"recovery: {m['train/env_failures']:.0f} episode(s) dropped: their environment failed", flush=True)

@@ -1,34 +1,33 @@
 """LearnerActor: a thin Ray shell around one rank of the DeepSpeed learner.
 
 It resolves the ``GroupRef``s handed over by the driver (payloads come straight from the object
-store), turns group rewards into per-token advantages with the configured estimator
-(``runtime.batching`` over the pure functions in ``agentrl.algos``), runs one update, and
-publishes weights as an object ref. In a learner group (``learning/learner_group.py``) every rank
+store), turns them into the policy's batch through the run's methods and the configured estimator
+(``learning/step.py``), runs one update, lets the methods act on it (``Method.after_update``),
+and publishes weights as an object ref. In a learner group (``learning/learner_group.py``) every rank
 runs the same calls on the same groups: what they compute from them is deterministic, so each
 rank builds the same batch and trains its share of it; rank 0 answers for the group.
 """
 
 from __future__ import annotations
 
-import random
 import time
+from collections.abc import Sequence
 
 import ray
 
-from agentrl.algos.batching import build_batch, shuffle_episode_rewards
-from agentrl.algos.rspo import explorer_batch, merge_mixed_groups, policy_rewards, success_shares
 from agentrl.api import EpisodeGroup, GroupRef
 from agentrl.config.process_env import set_default_env
-
-_RSPO_NAMES = {"foreign_is_weight_mean": "rspo/is_weight_mean", "foreign_is_clip_frac": "rspo/is_clip_frac",
-               "foreign_tokens_trained": "rspo/explorer_tokens_trained"}
+from agentrl.learning.step import prepare_step
+from agentrl.methods.base import Method
 
 
 @ray.remote
 class LearnerActor:
     def __init__(self, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float = 1.0,
-                 rspo_cfg=None, rank: int = 0, world_size: int = 1, lora_cfg=None, sampler_dtype: str | None = None):
-        """``rspo_cfg``: the run's ``RspoConfig`` (None or disabled: no explorer); ``lora_cfg``: the
+                 methods: Sequence[Method] | None = None, rank: int = 0, world_size: int = 1, lora_cfg=None,
+                 sampler_dtype: str | None = None):
+        """``methods``: the run's active methods (``agentrl.methods.registry.active_methods``; None:
+        none); ``lora_cfg``: the
         run's ``model.lora`` (None or rank 0: full fine-tuning); ``sampler_dtype``: the rollout
         engines' dtype (``DeepSpeedLearner``). A 1-rank learner
         is built here; rank ``rank`` of a ``world_size``-rank group is built by ``join`` once
@@ -41,7 +40,9 @@ class LearnerActor:
 
         self.algo_cfg = algo_cfg
         self.seed = seed
-        self.rspo = rspo_cfg if rspo_cfg is not None and rspo_cfg.enabled else None
+        self.methods = list(methods or ())
+        # RSPO's explorer is still built by the DeepSpeed learner from its config
+        self.rspo = next((m.cfg.rspo for m in self.methods if m.name == "rspo"), None)
         self.explorer_published = -1  # the explorer derivation last handed out (publish_explorer_weights)
         self.model_path = model_path
         self.rank, self.world_size = rank, world_size
@@ -86,38 +87,15 @@ class LearnerActor:
         """One update on the groups behind ``group_refs`` (fetched here, from the object store)."""
         t0 = time.perf_counter()
         groups: list[EpisodeGroup] = ray.get([g.ref for g in group_refs])
-        rspo_metrics: dict[str, float] = {}
-        if self.rspo is not None:  # the policy's and the explorer's parts of each task's group, as one group
-            groups = merge_mixed_groups(groups)
-            rspo_metrics = success_shares(groups)
-        if self.algo_cfg.shuffle_rewards:  # the control arm: same episodes, rewards detached from them
-            groups = shuffle_episode_rewards(groups, random.Random(self.seed * 1_000_003 + self.learner.version))
-        trained = groups  # RSPO: the policy's update reads the outcome side only (rspo.swap)
-        if self.rspo is not None:
-            trained = policy_rewards(groups, self.algo_cfg.reward, self.rspo.process_reward, self.rspo.swap)
-        kl = self._rollout_kl(trained) if self.algo_cfg.kl_in == "reward" and self.algo_cfg.kl_coef > 0 else None
-        batch, extra = build_batch(trained, self.algo_cfg, kl_per_token=kl)
-        metrics = self.learner.train_step(batch)
-        metrics.update(extra)
-        if self.rspo is not None:
-            metrics.update(rspo_metrics)
-            for key, name in _RSPO_NAMES.items():  # the IS weights on the explorer's tokens, under RSPO's names
-                if key in metrics:
-                    metrics[name] = metrics.pop(key)
-            metrics.update(self._derive_explorer(groups))
-        metrics["staleness"] = float(sum(self.learner.version - 1 - g.version for g in groups) / max(1, len(groups)))
+        step = prepare_step(groups, self.methods, self.algo_cfg, seed=self.seed, version=self.learner.version,
+                            rollout_kl=self._rollout_kl)
+        metrics = self.learner.train_step(step.batch)
+        metrics.update(step.metrics)
+        for m in self.methods:
+            m.after_update(self.learner, step.groups, metrics)
+        metrics["staleness"] = float(sum(self.learner.version - 1 - g.version for g in step.groups) / max(1, len(step.groups)))
         metrics["learn_seconds"] = time.perf_counter() - t0
         return metrics
-
-    def _derive_explorer(self, groups: list[EpisodeGroup]) -> dict[str, float]:
-        """Re-derive the explorer from the updated policy on this step's episodes of the policy
-        (every ``rspo.refresh_every`` learner steps; the explorer is kept in between)."""
-        if (self.learner.version - 1) % self.rspo.refresh_every:
-            return {"rspo/derived": 0.0}
-        batch = explorer_batch(groups, self.rspo.process_reward, self.algo_cfg.eps)
-        if batch is None:
-            return {"rspo/derived": 0.0}
-        return {**self.learner.derive_explorer(batch), "rspo/derived": 1.0}
 
     def publish_explorer_weights(self, again: bool = False) -> list | None:
         """The explorer's weights (wrapped ref) when they changed since the last call (or, with

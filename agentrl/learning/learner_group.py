@@ -91,9 +91,10 @@ class LearnerGroup:
             setattr(self, method, _Call(self, method))
 
     @classmethod
-    def create(cls, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float, rspo_cfg,
+    def create(cls, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float, methods,
                cpus: float, gpus: float, lora_cfg=None, sampler_dtype: str | None = None) -> LearnerGroup:
-        """Place and start ``learner_cfg.num_ranks`` ranks and build their learners."""
+        """Place and start ``learner_cfg.num_ranks`` ranks and build their learners. ``methods``: the
+        run's active methods (``agentrl.methods.registry.active_methods``; None: none)."""
         from agentrl.learning.learner import LearnerActor
 
         n = learner_cfg.num_ranks
@@ -108,7 +109,7 @@ class LearnerGroup:
                 if placement is not None:
                     opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=r)
                 actor = LearnerActor.options(**opts).remote(model_path, learner_cfg, algo_cfg, dtype, seed, temperature,
-                                                            rspo_cfg, rank=r, world_size=n, lora_cfg=lora_cfg,
+                                                            methods, rank=r, world_size=n, lora_cfg=lora_cfg,
                                                             sampler_dtype=sampler_dtype)
                 group.ranks.append(actor)
             if n > 1:  # the ranks build their learners while the driver goes on (get_version waits for them)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from agentrl.config import Config
 
 _REGISTRY: dict[str, type[Method]] = {}
-_BUILTINS: tuple[str, ...] = ()
+_BUILTINS = ("agentrl.methods.rspo",)
 
 
 def register_method(cls: type[Method]) -> type[Method]:

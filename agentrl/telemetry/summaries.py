@@ -35,7 +35,7 @@ def summarize(results: list[dict]) -> dict[str, tuple[int, float]]:
 
 
 def step_metrics(summaries: list[GroupSummary], timings: Mapping[str, float], learn: Mapping[str, float],
-                 version: int) -> dict[str, float]:
+                 version: int, namespaces: tuple[str, ...] = ()) -> dict[str, float]:
     """One step's metrics from its group summaries.
 
     ``timings``: seconds per phase, keys ``STEP_TIMINGS`` (``rollout_wait``: generation time not
@@ -43,7 +43,8 @@ def step_metrics(summaries: list[GroupSummary], timings: Mapping[str, float], le
     ``version``: the learner's policy version after this step's update. Episodes dropped because
     their environment failed (after ``recovery/env_reruns`` of their group) are counted
     (``train/env_failures``, ``recovery/dropped_episodes``) and are in no other number; a group
-    they emptied is left out.
+    they emptied is left out. ``namespaces``: prefixes of learner metrics kept as they are instead
+    of going under ``learner/`` (the run's methods', e.g. ``"rspo/"``).
     """
     failures = float(sum(s.env_failures for s in summaries))
     reruns = float(sum(s.env_reruns for s in summaries))
@@ -82,8 +83,8 @@ def step_metrics(summaries: list[GroupSummary], timings: Mapping[str, float], le
     # HierR components, summary reward, omission rate: means over groups (groups are equal-sized)
     for key in (summaries[0].rewards if summaries else {}):
         m[f"reward/{key}"] = sum(s.rewards[key] for s in summaries) / len(summaries)
-    # the learner's metrics under learner/, except RSPO's (rspo/*: both policies' episodes, the explorer)
-    m.update({k if k.startswith("rspo/") else f"learner/{k}": float(v) for k, v in learn.items()})
+    # the learner's metrics under learner/, except the methods' own (their "<name>/" namespaces)
+    m.update({k if k.startswith(namespaces) else f"learner/{k}": float(v) for k, v in learn.items()})
     return m
 
 

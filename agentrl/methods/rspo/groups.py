@@ -19,7 +19,7 @@ contributes G_B of each task's G episodes. This module holds what happens to the
   on every policy token; the explorer's derivation steps train on it. Torch is imported inside.
 
 The importance correction of B's tokens in A's update (w_t = min(pi_A / pi_B, rspo.is_cap)) is a
-per-row cap of ``losses.policy_loss`` (``explorer_rows``).
+per-row cap of ``losses.policy_loss`` (``foreign_rows``; the cap is the explorer part's ``foreign_is_cap``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,63 @@
+"""RSPO as a method (docs/design.md §4, "RSPO"): an explorer B, derived from the policy A on a
+dense process reward, samples part of every group; A is trained on the outcome reward only.
+
+Where it plugs in (``agentrl/methods/base.py``):
+
+* ``regroup``: the policy's and the explorer's parts of a task's group become one group
+  (``groups.merge_mixed_groups``), with per-policy success metrics;
+* ``trained_groups``: A's update reads the outcome side only (``groups.policy_rewards``);
+* ``after_update``: every ``rspo.refresh_every`` steps, B is re-derived from the updated A on
+  the process-reward batch of A's episodes (``groups.explorer_batch``).
+
+The config section stays in ``agentrl/config/rspo_schema.py`` (configs validate without this
+package's torch parts); the method is on when ``rspo.enabled`` is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.api import EpisodeGroup
+from agentrl.methods.base import Method
+from agentrl.methods.registry import register_method
+from agentrl.methods.rspo.groups import explorer_batch, merge_mixed_groups, policy_rewards, success_shares
+
+# the learner's metrics of the IS weights on B's tokens, under RSPO's names
+_FOREIGN_NAMES = {"foreign_is_weight_mean": "rspo/is_weight_mean", "foreign_is_clip_frac": "rspo/is_clip_frac",
+                  "foreign_tokens_trained": "rspo/explorer_tokens_trained"}
+
+
+@register_method
+class RspoMethod(Method):
+    name = "rspo"
+    keeps_policy_copy = True  # B: an fp32 copy of A with its own AdamW
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.rspo.enabled
+
+    def regroup(self, groups: list[EpisodeGroup]) -> tuple[list[EpisodeGroup], dict[str, float]]:
+        merged = merge_mixed_groups(groups)
+        return merged, success_shares(merged)
+
+    def trained_groups(self, groups: list[EpisodeGroup]) -> list[EpisodeGroup]:
+        r = self.cfg.rspo
+        return policy_rewards(groups, self.cfg.algo.reward, r.process_reward, r.swap)
+
+    def after_update(self, learner: Any, groups: list[EpisodeGroup], metrics: dict[str, float]) -> None:
+        for key, name in _FOREIGN_NAMES.items():
+            if key in metrics:
+                metrics[name] = metrics.pop(key)
+        r = self.cfg.rspo
+        if (learner.version - 1) % r.refresh_every:  # B is kept in between
+            metrics["rspo/derived"] = 0.0
+            return
+        batch = explorer_batch(groups, r.process_reward, self.cfg.algo.eps)
+        if batch is None:  # no group with two of A's episodes: nothing to derive B on
+            metrics["rspo/derived"] = 0.0
+            return
+        metrics.update(learner.derive_explorer(batch))
+        metrics["rspo/derived"] = 1.0
+
+
+__all__ = ["RspoMethod"]
