@@ -166,7 +166,7 @@ def test_the_critic_and_the_explorer_train_across_ranks_as_on_one(model_dir, ray
         group = _start(model_dir, lcfg, algo, ranks, rspo=rspo)
         try:
             m = ray.get(group.train.remote(_refs(_groups(explorer=2))))
-            explorer = blob_to_state_dict(ray.get(ray.get(group.publish_explorer_weights.remote())[0]))
+            explorer = blob_to_state_dict(ray.get(ray.get(group.publish_role_weights.remote(EXPLORER))[0]))
             results.append((m, _weights(group), explorer))
         finally:
             group.kill()

@@ -234,9 +234,11 @@ def test_learner_state_round_trip_is_bitwise(model_dir, tmp_path, zero, dtype, k
     import torch
 
     from agentrl.api import TrainBatch
+    from agentrl.config import Config
     from agentrl.config.schema import AlgoConfig, CriticConfig, LearnerConfig, RspoConfig
     from agentrl.engines.deepspeed_learner import DeepSpeedLearner
     from agentrl.engines.learner_state import load_learner_state, save_learner_state, state_digest
+    from agentrl.methods.rspo import RspoMethod
 
     algo = AlgoConfig(kl_coef=0.01)
     if kind == "ppo":
@@ -246,7 +248,8 @@ def test_learner_state_round_trip_is_bitwise(model_dir, tmp_path, zero, dtype, k
     batch = _batch(kind)
 
     def build():
-        return DeepSpeedLearner(model_dir, lcfg, algo, dtype, seed=0, rspo_cfg=rspo)
+        methods = [RspoMethod(Config(algo=algo, rspo=rspo))] if rspo is not None else ()
+        return DeepSpeedLearner(model_dir, lcfg, algo, dtype, seed=0, methods=methods)
 
     a, b = build(), build()
     try:
@@ -254,7 +257,7 @@ def test_learner_state_round_trip_is_bitwise(model_dir, tmp_path, zero, dtype, k
         for _ in range(2):
             a.train_step(batch)
             if rspo is not None:
-                a.derive_explorer(TrainBatch(**batch))
+                a.parts["rspo"].derive(TrainBatch(**batch))
         saved = save_learner_state(a, tmp_path / "learner")
         changed = {"module", "optimizer", "lr_scheduler", "counters"} | ({"critic"} if kind == "ppo" else set())
         assert {k for k in saved if saved[k] != fresh[k]} >= changed  # the digest sees what two steps changed
@@ -262,7 +265,8 @@ def test_learner_state_round_trip_is_bitwise(model_dir, tmp_path, zero, dtype, k
         assert load_learner_state(b, tmp_path / "learner") == saved
         assert b.version == 2 and b.engine.get_lr() == a.engine.get_lr() == [1e-3 * 3 / 4]
         if rspo is not None:
-            assert b.explorer.derivations == 2 and b.explorer.model is not None
+            explorer = b.parts["rspo"].explorer
+            assert explorer.derivations == 2 and explorer.model is not None
         ma, mb = a.train_step(batch), b.train_step(batch)
         assert ma["loss"] == mb["loss"] and ma["lr"] == mb["lr"] == 1e-3 * 3 / 4  # the third step of the warm-up
         assert state_digest(a) == state_digest(b) != saved

@@ -154,7 +154,7 @@ def test_derivation_moves_the_explorer_and_leaves_the_policy(tiny_model_dir):
     batch without a signal leaves B = A (AdamW without weight decay and zero gradients)."""
     from transformers import AutoModelForCausalLM
 
-    from agentrl.engines.explorer import Explorer
+    from agentrl.methods.rspo.explorer import Explorer
 
     policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     before = {k: v.clone() for k, v in policy.state_dict().items()}
@@ -176,7 +176,7 @@ def test_kl_every_measures_the_kl_on_every_nth_derivation_and_leaves_the_explore
     of kl_every = 1 (the KL is a metric, not part of the derivation)."""
     from transformers import AutoModelForCausalLM
 
-    from agentrl.engines.explorer import Explorer
+    from agentrl.methods.rspo.explorer import Explorer
 
     policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     batch = explorer_batch(merge_mixed_groups(_mixed()), "process")
@@ -200,12 +200,16 @@ def test_the_learner_derives_the_explorer_without_touching_the_policy(tiny_model
     """On the DeepSpeed learner: A's update weighs B's rows with rspo.is_cap (reported as
     foreign_is_weight_mean); the derivation afterwards leaves A's weights, Adam state and LR
     schedule exactly as they were."""
+    from agentrl.config import Config
     from agentrl.config.schema import LearnerConfig, RspoConfig
     from agentrl.engines.deepspeed_learner import DeepSpeedLearner
+    from agentrl.methods.rspo import RspoMethod
 
     rspo = RspoConfig(enabled=True, explorer_lr=1e-2, is_cap=1.5)
+    algo = _algo("algo.kl_coef=0.0")
     learner = DeepSpeedLearner(str(tiny_model_dir), LearnerConfig(zero_stage=1, lr=1e-3, micro_batch_size=2),
-                               _algo("algo.kl_coef=0.0"), "float32", seed=0, rspo_cfg=rspo)
+                               algo, "float32", seed=0, methods=[RspoMethod(Config(algo=algo, rspo=rspo))])
+    part = learner.parts["rspo"]
     try:
         groups = policy_rewards(merge_mixed_groups(_mixed()), "outcome", "process", swap=True)
         m = learner.train_step(build_batch(groups, _algo())[0])
@@ -215,7 +219,7 @@ def test_the_learner_derives_the_explorer_without_touching_the_policy(tiny_model
         adam = {id(p): {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()} for p, st in state.items()}
         assert adam
         lr = learner.engine.get_lr()
-        d = learner.derive_explorer(explorer_batch(groups, "process"))
+        d = part.derive(explorer_batch(groups, "process"))
         assert d["rspo/kl_policy_explorer"] > 0
         assert all(torch.equal(v, learner.hf_model.state_dict()[k]) for k, v in params.items())
         after = {id(p): st for p, st in learner.engine.basic_optimizer.state.items()}
@@ -223,9 +227,9 @@ def test_the_learner_derives_the_explorer_without_touching_the_policy(tiny_model
         assert all(torch.equal(after[i][k], v) if torch.is_tensor(v) else after[i][k] == v
                    for i, s in adam.items() for k, v in s.items())
         assert learner.engine.get_lr() == lr
-        lp_b = learner.explorer_logprobs([groups[0].episodes[0].token_ids])[0]
+        lp_b = part.logprobs([groups[0].episodes[0].token_ids])[0]
         lp_a = learner.compute_logprobs([groups[0].episodes[0].token_ids])[0]
         assert max(abs(a - b) for a, b in zip(lp_a[2:], lp_b[2:])) > 1e-4  # B moved away from A
-        assert len(learner.explorer_weights_blob()) > 0
+        assert len(part.weights_blob()) > 0
     finally:
         learner.close()

@@ -58,16 +58,19 @@ def test_rspo_steps_sync_the_explorer_and_keep_the_policy(tiny_model_dir, ray_cl
         trainer.scheduler.updated(trainer.version)  # loads the policy and the re-derived explorer
         task = trainer.heldout[0]
 
+        def explorer_logprobs(ids):
+            return trainer.learner.role_logprobs.remote(EXPLORER, ids)
+
         def gap(episode, logprobs):
-            lp = ray.get(logprobs.remote([episode.token_ids]))[0]
+            lp = ray.get(logprobs([episode.token_ids]))[0]
             return max(abs(lp[i] - episode.logprobs[i]) for i, keep in enumerate(episode.response_mask) if keep)
 
         ep_b = ray.get(trainer.rollout_side.explorers[0].sample_one.remote(task, 11))
         ep_a = ray.get(trainer.workers[0].sample_one.remote(task, 11))
         assert (ep_b.policy, ep_b.policy_version, ep_a.policy, ep_a.policy_version) == (EXPLORER, 2, POLICY, 2)
-        assert gap(ep_b, trainer.learner.explorer_logprobs) < 2e-3
-        assert gap(ep_a, trainer.learner.compute_logprobs) < 2e-3
-        assert gap(ep_b, trainer.learner.compute_logprobs) > 2e-3  # B is not A
+        assert gap(ep_b, explorer_logprobs) < 2e-3
+        assert gap(ep_a, trainer.learner.compute_logprobs.remote) < 2e-3
+        assert gap(ep_b, trainer.learner.compute_logprobs.remote) > 2e-3  # B is not A
 
         # an explorer worker that dies is restarted with the explorer's weights, not the policy's
         # (what the scheduler's recovery does for a dead worker's call: revive, then load_into)
@@ -77,7 +80,7 @@ def test_rspo_steps_sync_the_explorer_and_keep_the_policy(tiny_model_dir, ray_cl
         trainer.rollout_side.revive(explorer)
         trainer.scheduler._weight_sync.load_into(explorer, EXPLORER, trainer.version)
         ep_b = ray.get(explorer.sample_one.remote(task, 12))
-        assert ep_b.policy == EXPLORER and gap(ep_b, trainer.learner.explorer_logprobs) < 2e-3
+        assert ep_b.policy == EXPLORER and gap(ep_b, explorer_logprobs) < 2e-3
     finally:
         trainer.shutdown()
 

@@ -195,6 +195,11 @@ class RolloutSide:
         g_b = explorer_group_size(cfg.rspo.explorer_fraction, cfg.rollout.group_size)
         return cls(sgls, pool, workers, engine, explorers, g_b, env_retries=rt.max_actor_restarts)
 
+    @property
+    def role_workers(self) -> dict[str, list]:
+        """The workers of each of the methods' rollout roles (the weight sync feeds them)."""
+        return {EXPLORER: self.explorers} if self.explorers else {}
+
     def start(self) -> list[float]:
         """Build every worker's engine (and tokenizer); returns each worker's start seconds. A
         worker that dies meanwhile (restarted by Ray, ``runtime.max_actor_restarts``) is revived."""

@@ -55,7 +55,7 @@ from collections.abc import Callable
 
 import ray
 
-from agentrl.api import EXPLORER, EngineNotStarted
+from agentrl.api import POLICY, EngineNotStarted
 from agentrl.checkpointing.preemption import ResumableFailure
 
 NO_LOAD_IN_FLIGHT = "never load weights while an episode is in flight"
@@ -293,7 +293,7 @@ class RolloutScheduler:
             try:
                 self._weight_sync.sync(version)
                 for worker, role in revived:
-                    if role == EXPLORER:  # the explorer's weights travel only when re-derived: give them now
+                    if role != POLICY:  # a method's role: its weights travel only when they change; give them now
                         self._weight_sync.load_into(worker, role, version)
             except (ray.exceptions.RayActorError, EngineNotStarted) as again:
                 # died again while its engine was rebuilt (seen: Ray's memory monitor killing it twice

@@ -94,7 +94,7 @@ class Trainer:
         starts = self.rollout_side.start()
         learner_version = ray.get(self.learner.get_version.remote())
         print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{learner_version})", flush=True)
-        sync = make_weight_sync(rt.weight_sync, self.learner, self.workers, self.rollout_side.explorers)
+        sync = make_weight_sync(rt.weight_sync, self.learner, self.workers, self.rollout_side.role_workers)
         self.scheduler = RolloutScheduler(self._launch_rollouts, sync, cfg.train.async_rollouts,
                                           # a restarted engine cannot rejoin an NCCL group: a dead worker stops the run resumably
                                           revive=self.rollout_side.revive if rt.weight_sync == "object_store" else None,

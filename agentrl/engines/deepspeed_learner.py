@@ -44,14 +44,17 @@ from agentrl.engines.deepspeed_setup import (
     init_process_group,
     reset_prestepped_optimizer_state,
 )
-from agentrl.engines.explorer import Explorer
 from agentrl.engines.hf_policy import micro_batch_logprobs, pad_batch, token_logprobs
+from agentrl.engines.learner_parts import LearnerPart
 from agentrl.engines.learner_shards import plan_mini_batch
 from agentrl.engines.lora import apply_lora, iter_merged_weights, lora_enabled, unwrap_base
 from agentrl.engines.micro_batch import pack_micro_batch, pad_micro_batch, split_micro_batches
 from agentrl.engines.policy_logprobs import TORCH_DTYPES, PolicyLogprobs, autocast_context, check_autocast_supported
 from agentrl.engines.step_metrics import StepMetrics, all_reduce_sums, peak_memory_mib
 from agentrl.weight_sync.object_store import weights_to_blob
+
+# what the learner itself saves and hashes under these names (engines/learner_state.py)
+_OWN_STATE_KEYS = frozenset({"version", "world_size", "rng", "module", "optimizer", "lr_scheduler", "counters", "critic"})
 
 
 @dataclass
@@ -68,16 +71,18 @@ class DeepSpeedLearner:
     """Owns the trainable policy (DeepSpeed engine), the frozen reference, and the update rule.
 
     Public state: ``version`` (number of ``train_step`` calls so far; the policy version the
-    rollout side tags episodes with) and ``pad_id``.
+    rollout side tags episodes with), ``pad_id`` and ``parts`` (the methods' learner parts).
     """
 
     def __init__(self, model_path: str, learner_cfg: Any, algo_cfg: Any, dtype: str = "float32", seed: int = 0,
-                 temperature: float = 1.0, rspo_cfg: Any = None, lora_cfg: Any = None, sampler_dtype: str | None = None):
+                 temperature: float = 1.0, methods: Sequence[Any] = (), lora_cfg: Any = None,
+                 sampler_dtype: str | None = None):
         """``temperature``: the rollouts' sampling temperature. The policy, the reference and the
         PPO ratio are all scored under softmax(logits / temperature), the distribution the
-        episodes were drawn from (as verl does); greedy decoding is unchanged by it. ``rspo_cfg``
-        (an enabled ``RspoConfig``): build RSPO's explorer (``engines/explorer.py``) and cap the IS
-        weights of its rows at ``rspo.is_cap``. ``lora_cfg`` (``model.lora`` with rank > 0): train
+        episodes were drawn from (as verl does); greedy decoding is unchanged by it. ``methods``: the
+        run's active methods (``agentrl.methods``); each may add a model of its own beside the policy
+        (``Method.learner_part``, held in ``parts`` by method name), whose ``foreign_is_cap`` caps
+        the IS weights of the rows its role's engines sampled. ``lora_cfg`` (``model.lora`` with rank > 0): train
         LoRA adapters only (``engines/lora.py``); the engines get merged weights, and the frozen
         reference is the policy with its adapters switched off (no second copy of the model).
         ``sampler_dtype``: the rollout engines' dtype (default ``dtype``); ``learner.old_logprobs:
@@ -93,8 +98,6 @@ class DeepSpeedLearner:
 
         self.learner_cfg, self.algo_cfg, self.dtype = learner_cfg, algo_cfg, dtype
         self.loss_cfg = PolicyLossConfig.from_algo(algo_cfg)
-        if rspo_cfg is not None:
-            self.loss_cfg = replace(self.loss_cfg, foreign_is_cap=rspo_cfg.is_cap)
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
         self.temperature = temperature
@@ -143,14 +146,26 @@ class DeepSpeedLearner:
             self.critic = DeepSpeedCritic(algo_cfg.critic.path or model_path, algo_cfg.critic,
                                           build_ds_config(learner_cfg, dtype), seed=seed,
                                           gradient_checkpointing=learner_cfg.gradient_checkpointing, **attn)
-        self.explorer: Explorer | None = None
-        if rspo_cfg is not None:
-            self.explorer = Explorer(rspo_cfg.explorer_lr or learner_cfg.lr, rspo_cfg.explorer_steps, rspo_cfg.grad_clip,
-                                     learner_cfg.micro_batch_size, temperature, self.loss_cfg, self.tied_embeddings,
-                                     kl_every=rspo_cfg.kl_every)
+        self.parts = self._build_parts(methods)
         self.init_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ helpers
+    def _build_parts(self, methods: Sequence[Any]) -> dict[str, LearnerPart]:
+        """The methods' learner parts (built last: a part may copy anything above), and the IS cap
+        of the rows their roles sampled. One cap for every such row (``TrainBatch.foreign`` does not
+        say which policy sampled a row), so parts that ask for different caps are refused."""
+        parts = {m.name: part for m in methods if (part := m.learner_part(self)) is not None}
+        keys = [p.state_key for p in parts.values()]  # keys of extra.pt and of the state digest (learner_state.py)
+        if len(set(keys)) != len(keys) or set(keys) & _OWN_STATE_KEYS:
+            raise ValueError(f"learner parts need state keys of their own (not {sorted(_OWN_STATE_KEYS)}): {keys}")
+        caps = {p.foreign_is_cap for p in parts.values() if p.foreign_is_cap is not None}
+        if len(caps) > 1:
+            raise ValueError(f"the methods {sorted(parts)} ask for different IS caps {sorted(caps)} of the rows other "
+                             "policies sampled; the learner applies one")
+        if caps:
+            self.loss_cfg = replace(self.loss_cfg, foreign_is_cap=caps.pop())
+        return parts
+
     def _build_engine(self, model: nn.Module) -> Any:
         """The DeepSpeed engine around ``PolicyLogprobs(model)``: AdamW, linear LR warm-up over
         ``learner.warmup_steps``, ``build_ds_config``; Adam state as if no step was taken."""
@@ -458,23 +473,6 @@ class DeepSpeedLearner:
     def weights_blob(self) -> bytes:
         """``state_dict_for_inference`` as the object-store sync's safetensors blob."""
         return weights_to_blob(self.state_dict_for_inference())
-
-    def derive_explorer(self, batch: TrainBatch) -> dict[str, float]:
-        """RSPO: re-derive the explorer B from the current policy A on ``batch`` (process-reward
-        advantages of A's episodes, ``algos.rspo.explorer_batch``); A is not touched."""
-        if self.explorer is None:
-            raise ValueError("this learner has no explorer (rspo is not enabled)")
-        return self.explorer.derive(self.hf_model, batch, self.pad_id, self.device, self.rank, self.world)
-
-    def explorer_logprobs(self, input_ids: Sequence[Sequence[int]]) -> list[list[float]]:
-        """Token logprobs under the explorer (None derived yet: raises)."""
-        if self.explorer is None or self.explorer.model is None:
-            raise ValueError("no explorer has been derived")
-        return self.explorer.logprobs([list(s) for s in input_ids], self.pad_id, self.device)
-
-    def explorer_weights_blob(self) -> bytes:
-        """The explorer's weights as the object-store sync's safetensors blob."""
-        return weights_to_blob(self.explorer.state_dict_for_inference())
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> None:
         """HF folder (config + safetensors weights) of the current policy; the caller copies the

@@ -1,4 +1,4 @@
-"""``LearnerPart``: a model a method keeps beside the policy in the learner (RSPO's explorer).
+"""``LearnerPart``: a model a method keeps beside the policy in the learner (an exploration policy).
 
 ``Method.learner_part`` (``agentrl/methods/base.py``) builds one at the end of
 ``DeepSpeedLearner.__init__``; the learner holds it in ``learner.parts`` under the method's name.
@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 
 class LearnerPart(Protocol):
-    # its entry in a checkpoint's extra.pt and in the state digest ("explorer"); not one of the
-    # learner's own (version, world_size, rng)
+    # its entry in a checkpoint's extra.pt and in the state digest; not one of the learner's own
+    # (version, world_size, rng, ...): kept across releases, or old checkpoints lose it
     state_key: str
     # the rollout role (``RolloutRole.name``) whose engines load its weights
     role: str

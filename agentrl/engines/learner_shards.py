@@ -39,7 +39,7 @@ class MiniBatchPlan:
 
 def rank_rows(rows: Sequence[int], lengths: Sequence[int], rank: int, world: int) -> list[int]:
     """Rank ``rank``'s share of ``rows``: every ``world``-th row in length order, from ``rank``
-    (RSPO's explorer, a plain-torch model with no collectives in its forward, splits this way)."""
+    (a learner part's plain-torch model, with no collectives in its forward, splits this way)."""
     return sorted(rows, key=lambda i: lengths[i])[rank::world]
 
 

@@ -8,9 +8,10 @@ What a checkpoint's ``learner/`` folder holds:
   and fp16 training included), the LR scheduler (its place in the warm-up) and DeepSpeed's step
   counters;
 * ``critic/``: the same for the PPO critic's engine, when there is one;
-* ``extra.pt``: the policy version, the learner group's size, RSPO's explorer (B's weights and
-  derivation count: B is kept between derivations when ``rspo.refresh_every`` > 1) and rank 0's
-  RNG states (torch, Python, NumPy); ``extra_rank<r>.pt``: rank r's RNG states (r > 0).
+* ``extra.pt``: the policy version, the learner group's size, the state of each of the methods'
+  learner parts under its ``state_key`` (``engines/learner_parts.py``: e.g. an exploration
+  policy's weights, kept between its derivations) and rank 0's RNG states (torch, Python, NumPy);
+  ``extra_rank<r>.pt``: rank r's RNG states (r > 0).
 
 DeepSpeed's own checkpoint rather than torch state dicts of module, optimizer and scheduler: it
 knows where each ZeRO stage and mixed-precision wrapper keeps master weights and optimizer
@@ -57,8 +58,8 @@ def save_learner_state(learner: DeepSpeedLearner, out_dir: str | Path) -> dict[s
     if learner.critic is not None:
         learner.critic.engine.save_checkpoint(str(out), tag=CRITIC_TAG, save_latest=False)
     if learner.rank == 0:
-        explorer = learner.explorer.state_dict() if learner.explorer is not None else None
-        extra = {"version": learner.version, "world_size": learner.world, "explorer": explorer, "rng": rng}
+        extra = {"version": learner.version, "world_size": learner.world, "rng": rng,
+                 **{p.state_key: p.state_dict() for p in learner.parts.values()}}
     else:
         extra = {"rng": rng}
     torch.save(extra, out / _extra_file(learner.rank))
@@ -82,8 +83,9 @@ def load_learner_state(learner: DeepSpeedLearner, in_dir: str | Path) -> dict[st
             raise FileNotFoundError(f"{src / tag}: no DeepSpeed checkpoint of the {tag}")
     main = torch.load(src / EXTRA_FILE, weights_only=False)
     learner.version = int(main["version"])
-    if learner.explorer is not None and main["explorer"] is not None:
-        learner.explorer.load_state_dict(main["explorer"], learner.hf_model)
+    for part in learner.parts.values():
+        if main.get(part.state_key) is not None:  # saved by a run with the same method
+            part.load_state_dict(main[part.state_key])
     rng = main["rng"] if learner.rank == 0 else torch.load(src / _extra_file(learner.rank), weights_only=False)["rng"]
     set_rng_state(rng)
     return state_digest(learner, rng)
@@ -101,7 +103,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def state_digest(learner: DeepSpeedLearner, rng: dict[str, Any] | None = None) -> dict[str, str]:
     """sha256 per part of the learner's state: weights, optimizer, LR scheduler, counters, RNG
-    (``rng``, default the current states), and the critic's and explorer's when they exist.
+    (``rng``, default the current states), the critic's when there is one, and each learner part's
+    (under its ``state_key``).
     The optimizer part is this rank's partition (every rank of a group hashes its own); the
     weights are gathered in full (a collective under ZeRO-3)."""
     engine = learner.engine
@@ -117,8 +120,8 @@ def state_digest(learner: DeepSpeedLearner, rng: dict[str, Any] | None = None) -
         critic = learner.critic.engine
         parts["critic"] = {"module": _gathered(critic, learner.learner_cfg.zero_stage),
                            "optimizer": critic.optimizer.state_dict(), "global_steps": critic.global_steps}
-    if learner.explorer is not None:
-        parts["explorer"] = learner.explorer.state_dict()
+    for part in learner.parts.values():
+        parts[part.state_key] = part.state_dict()
     return {name: _sha(value) for name, value in parts.items()}
 
 

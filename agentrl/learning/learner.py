@@ -41,9 +41,7 @@ class LearnerActor:
         self.algo_cfg = algo_cfg
         self.seed = seed
         self.methods = list(methods or ())
-        # RSPO's explorer is still built by the DeepSpeed learner from its config
-        self.rspo = next((m.cfg.rspo for m in self.methods if m.name == "rspo"), None)
-        self.explorer_published = -1  # the explorer derivation last handed out (publish_explorer_weights)
+        self._published: dict[str, int] = {}  # role -> its part's weights version last handed out
         self.model_path = model_path
         self.rank, self.world_size = rank, world_size
         self._build = (model_path, learner_cfg, algo_cfg, dtype, seed, temperature, lora_cfg, sampler_dtype)
@@ -70,7 +68,7 @@ class LearnerActor:
                 init_process_group(self.rank, self.world_size, store=self._store, address=tuple(address))
             model_path, learner_cfg, algo_cfg, dtype, seed, temperature, lora_cfg, sampler_dtype = self._build
             self.learner = DeepSpeedLearner(model_path, learner_cfg, algo_cfg, dtype=dtype, seed=seed,
-                                            temperature=temperature, rspo_cfg=self.rspo, lora_cfg=lora_cfg,
+                                            temperature=temperature, methods=self.methods, lora_cfg=lora_cfg,
                                             sampler_dtype=sampler_dtype)
         except Exception as err:  # kept for get_version: a group does not wait on its ranks' joins
             self._join_error = f"{type(err).__name__}: {err}"
@@ -97,19 +95,27 @@ class LearnerActor:
         metrics["learn_seconds"] = time.perf_counter() - t0
         return metrics
 
-    def publish_explorer_weights(self, again: bool = False) -> list | None:
-        """The explorer's weights (wrapped ref) when they changed since the last call (or, with
-        ``again``, for a restarted explorer worker: whenever derived at all), else None. Before
-        the first derivation the explorer is the initial policy, which its engines hold."""
-        done = self.learner.explorer.derivations if self.learner.explorer is not None else 0
-        if done == 0 or (done == self.explorer_published and not again):
+    def publish_role_weights(self, role: str, again: bool = False) -> list | None:
+        """The weights of the learner part whose engines are ``role``'s (wrapped ref) when they changed
+        since the last call (or, with ``again``, for a restarted worker of that role: whenever they
+        differ from the initial ones at all), else None. Until the part first changes, its engines
+        hold the initial policy they loaded at start."""
+        part = self._part(role)
+        done = part.weights_version()
+        if done == 0 or (done == self._published.get(role) and not again):
             return None
-        self.explorer_published = done
-        return [ray.put(self.learner.explorer_weights_blob())]
+        self._published[role] = done
+        return [ray.put(part.weights_blob())]
 
-    def explorer_logprobs(self, input_ids: list[list[int]]) -> list[list[float]]:
-        """Token logprobs under the explorer (the weight-sync agreement check of its engines)."""
-        return self.learner.explorer_logprobs(input_ids)
+    def role_logprobs(self, role: str, input_ids: list[list[int]]) -> list[list[float]]:
+        """Token logprobs under ``role``'s learner part (the weight-sync agreement check of its engines)."""
+        return self._part(role).logprobs(input_ids)
+
+    def _part(self, role: str):
+        for part in self.learner.parts.values():
+            if part.role == role:
+                return part
+        raise ValueError(f"no learner part serves the rollout role {role!r} (parts: {sorted(self.learner.parts)})")
 
     def _rollout_kl(self, groups: list[EpisodeGroup]) -> list[list[float]]:
         """Per-token KL estimate of the behaviour policy against the reference, for KL in the
@@ -169,11 +175,11 @@ class LearnerActor:
         return save_learner_state(self.learner, out_dir)
 
     def load_state(self, in_dir: str) -> dict[str, str]:
-        """Restore ``save_state``'s folder; returns the digest of the state now held. The explorer's
-        engines get its weights at the next weight sync."""
+        """Restore ``save_state``'s folder; returns the digest of the state now held. The engines of
+        the methods' roles get their parts' weights at the next weight sync."""
         from agentrl.engines.learner_state import load_learner_state
 
-        self.explorer_published = -1
+        self._published.clear()
         return load_learner_state(self.learner, in_dir)
 
     def save_parts(self, stage: str, dest, state: bool = True, keep: str | None = None) -> dict:

@@ -5,7 +5,7 @@ The driver, the weight sync and the checkpoint code call the group as they would
 the model's state or its collectives goes to every rank, in the same order on each (Ray runs a
 synchronous actor's calls in submission order, so the ranks' collectives line up), and its ref
 resolves to rank 0's answer once every rank has finished, raising if any rank failed. Calls that
-only read rank 0's copies (the version, RSPO's explorer, the NCCL endpoint) go to rank 0 alone.
+only read rank 0's copies (the methods' learner parts, the NCCL endpoint) go to rank 0 alone.
 
 Start-up (``create``): the ranks are placed in one placement group (a bundle of
 ``runtime.learner_cpus`` CPUs and ``runtime.learner_gpus`` GPUs each, PACK: on as few nodes as
@@ -29,7 +29,7 @@ from agentrl.planning.placement import learner_bundles
 _ALL_RANKS = ("get_version", "train", "publish_weights", "compute_logprobs", "save", "save_state", "load_state",
               "save_parts", "load_parts")
 # calls answered by rank 0's copies alone
-_RANK0 = ("publish_explorer_weights", "explorer_logprobs", "nccl_endpoint")
+_RANK0 = ("publish_role_weights", "role_logprobs", "nccl_endpoint")
 # rank 0 sends weights to the engines (NCCL) while the other ranks walk them with it (ZeRO-3 gathers)
 _RANK0_WITH_GATHERS = ("nccl_init", "nccl_broadcast")
 PLACEMENT_NOTICE_S = 30.0  # how long to wait for the placement before saying what it waits for

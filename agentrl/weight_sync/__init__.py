@@ -14,15 +14,17 @@ NCCL helpers) and above nothing of ours: the sync objects take Ray actor handles
 from __future__ import annotations
 
 
-def make_weight_sync(kind: str, learner, workers: list, explorers: list | None = None):
+def make_weight_sync(kind: str, learner, workers: list, roles: dict[str, list] | None = None):
     """The sync object for ``runtime.weight_sync``: ``sync(version)`` loads the learner's current
-    weights into every rollout worker (and RSPO's explorer into its ``explorers``)."""
+    weights into every rollout worker, and into the workers of each of the methods' rollout roles
+    (``roles``: role name -> its workers) the weights of the learner part that serves it."""
     if kind == "object_store":
         from agentrl.weight_sync.object_store import ObjectStoreWeightSync
 
-        return ObjectStoreWeightSync(learner, workers, explorers)
-    if explorers:
-        raise ValueError(f"runtime.weight_sync={kind} cannot serve RSPO's explorer; use object_store")
+        return ObjectStoreWeightSync(learner, workers, roles)
+    for role, role_workers in (roles or {}).items():
+        if role_workers:
+            raise ValueError(f"runtime.weight_sync={kind} cannot serve the {role} engines' own weights; use object_store")
     if kind == "nccl":
         from agentrl.weight_sync.nccl import NcclWeightSync
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from agentrl.api import EXPLORER
+from agentrl.api import POLICY
 
 
 def weights_to_blob(state_dict: dict[str, Tensor]) -> bytes:
@@ -28,13 +28,14 @@ def blob_to_state_dict(blob: bytes) -> dict[str, Tensor]:
 
 
 class ObjectStoreWeightSync:
-    """``sync(version)``: the learner's weights into every policy worker and, with RSPO, the
-    explorer's (when re-derived since the last sync) into every explorer worker."""
+    """``sync(version)``: the learner's weights into every policy worker and, for each of the
+    methods' rollout roles (``roles``: role -> workers), its learner part's weights into the role's
+    workers when they changed since the last sync (``LearnerActor.publish_role_weights``)."""
 
     name = "object_store"
 
-    def __init__(self, learner, workers: list, explorers: list | None = None):
-        self.learner, self.workers, self.explorers = learner, workers, explorers or []
+    def __init__(self, learner, workers: list, roles: dict[str, list] | None = None):
+        self.learner, self.workers, self.roles = learner, workers, roles or {}
 
     def sync(self, version: int) -> None:
         import ray  # here, not at import: the learner imports this module where Ray may be absent (GPU check)
@@ -42,20 +43,22 @@ class ObjectStoreWeightSync:
         box = ray.get(self.learner.publish_weights.remote())
         # A top-level ObjectRef argument is resolved by Ray: each worker receives the bytes.
         loads = [w.load_weights.remote(box[0], version) for w in self.workers]
-        if self.explorers:
-            explorer_box = ray.get(self.learner.publish_explorer_weights.remote())
-            if explorer_box is not None:  # the explorer derived from this version
-                loads += [w.load_weights.remote(explorer_box[0], version) for w in self.explorers]
+        for role, workers in self.roles.items():
+            if not workers:
+                continue
+            role_box = ray.get(self.learner.publish_role_weights.remote(role))
+            if role_box is not None:  # the part changed (e.g. re-derived from this version)
+                loads += [w.load_weights.remote(role_box[0], version) for w in workers]
         ray.get(loads)
 
     def load_into(self, worker, role: str, version: int) -> None:
         """The weights a restarted worker's role should hold at ``version`` into that worker: the
-        learner's current weights, or for an RSPO explorer worker the explorer's latest derivation
-        (none yet: the explorer is the initial policy, which the restarted engine loaded at start)."""
+        learner's current weights, or for a worker of a method's role its learner part's latest
+        weights (none yet: the initial policy, which the restarted engine loaded at start)."""
         import ray
 
-        if role == EXPLORER:
-            box = ray.get(self.learner.publish_explorer_weights.remote(again=True))
+        if role != POLICY:
+            box = ray.get(self.learner.publish_role_weights.remote(role, again=True))
             if box is not None:
                 ray.get(worker.load_weights.remote(box[0], version))
             return

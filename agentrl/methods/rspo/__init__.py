@@ -7,7 +7,8 @@ Where it plugs in (``agentrl/methods/base.py``):
   (``groups.merge_mixed_groups``), with per-policy success metrics;
 * ``trained_groups``: A's update reads the outcome side only (``groups.policy_rewards``);
 * ``after_update``: every ``rspo.refresh_every`` steps, B is re-derived from the updated A on
-  the process-reward batch of A's episodes (``groups.explorer_batch``).
+  the process-reward batch of A's episodes (``groups.explorer_batch``);
+* ``learner_part``: B itself, beside A in the learner (``part.py``, ``explorer.py``).
 
 The config section stays in ``agentrl/config/rspo_schema.py`` (configs validate without this
 package's torch parts); the method is on when ``rspo.enabled`` is.
@@ -36,6 +37,11 @@ class RspoMethod(Method):
     def enabled(cls, cfg) -> bool:
         return cfg.rspo.enabled
 
+    def learner_part(self, learner: Any):
+        from agentrl.methods.rspo.part import ExplorerPart  # torch, in the learner's process only
+
+        return ExplorerPart(learner, self.cfg.rspo)
+
     def regroup(self, groups: list[EpisodeGroup]) -> tuple[list[EpisodeGroup], dict[str, float]]:
         merged = merge_mixed_groups(groups)
         return merged, success_shares(merged)
@@ -56,7 +62,7 @@ class RspoMethod(Method):
         if batch is None:  # no group with two of A's episodes: nothing to derive B on
             metrics["rspo/derived"] = 0.0
             return
-        metrics.update(learner.derive_explorer(batch))
+        metrics.update(learner.parts[self.name].derive(batch))
         metrics["rspo/derived"] = 1.0
 
 

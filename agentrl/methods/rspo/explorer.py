@@ -6,7 +6,7 @@ and LR schedule are exactly what they would be without RSPO. Each derivation
 
     B <- A (weights copied);  then ``steps`` times:  B <- AdamW step on policy_loss(B; A^B)
 
-where A^B are the process-reward advantages of ``algos.rspo.explorer_batch`` (A's episodes of
+where A^B are the process-reward advantages of ``groups.explorer_batch`` (A's episodes of
 this step), pi_old is B before its first step (= A), and the truncated IS weights use the
 episodes' behaviour logprobs, as in A's own update. It reports KL(A || B) on A's tokens after
 the steps (k3 estimator), the size of the exploration B adds, on every ``kl_every``-th derivation
