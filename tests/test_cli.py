@@ -95,7 +95,7 @@ def fake_module(monkeypatch):
 
 def test_train_calls_driver(fake_module, tmp_path):
     calls = []
-    fake_module("agentrl.driver.trainer", train=lambda config, config_path: calls.append(
+    fake_module("agentrl.driver.run", train=lambda config, config_path: calls.append(
         (config, config_path)))
     assert main(["train", QUICKSTART, "train.steps=3"]) == 0
     (config, path), = calls
@@ -106,7 +106,7 @@ def test_train_interrupted_exits_130(fake_module, capsys):
     def train(config, config_path):
         raise KeyboardInterrupt
 
-    fake_module("agentrl.driver.trainer", train=train)
+    fake_module("agentrl.driver.run", train=train)
     assert main(["train", QUICKSTART]) == 130
 
 

@@ -204,7 +204,7 @@ def test_a_fresh_process_finds_the_plugin_through_the_config():
 def test_a_plugin_estimator_trains_one_step_through_the_real_stack(tiny_model_dir, ray_cluster, tmp_path):
     """``algo.plugins`` names this file: the driver validates ``algo.advantage=sign`` and the
     learner actor (another process) imports the file to build its batch."""
-    from agentrl.driver.trainer import train
+    from agentrl.driver.run import train
 
     cfg = load_config(None, [
         f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path / 'runs'}", "run.name=sign",

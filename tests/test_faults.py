@@ -351,7 +351,8 @@ def test_a_hung_tool_call_times_out_with_an_error_naming_the_actor(ray_cluster):
 def test_shutdown_runs_every_part_and_masks_no_error(tmp_path, capsys):
     from types import SimpleNamespace
 
-    from agentrl.driver.trainer import Trainer, _write_results
+    from agentrl.driver.run import _write_results
+    from agentrl.driver.trainer import Trainer
 
     done = []
 

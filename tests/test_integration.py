@@ -33,7 +33,7 @@ def _config(model_dir, tmp_path, *extra):
 
 
 def test_two_training_iterations_through_real_actors(tiny_model_dir, ray_cluster, tmp_path):
-    from agentrl.driver.trainer import train
+    from agentrl.driver.run import train
 
     evals = train(_config(tiny_model_dir, tmp_path), config_path=None)
     run_dir = next((tmp_path / "runs").iterdir())
@@ -88,7 +88,7 @@ def test_async_rollouts_overlap_learning_one_version_behind(tiny_model_dir, ray_
     dropped as stale) and the engine-vs-learner logprob gap is real, not ~0. The mid-run
     evaluation (eval_every=2) waits for the in-flight rollouts and syncs first. With
     learner.mini_batches=2 each step takes two optimizer steps."""
-    from agentrl.driver.trainer import train
+    from agentrl.driver.run import train
 
     # the test model rarely succeeds, so advantages are mostly 0: an entropy bonus makes every
     # update move the policy, so the one-version lag shows in the logprob gap
@@ -122,7 +122,8 @@ def test_async_rollouts_start_no_step_past_the_time_limit(tiny_model_dir, ray_cl
 
     import ray
 
-    from agentrl.driver.trainer import Trainer, load_task_sources
+    from agentrl.driver.task_sources import load_task_sources
+    from agentrl.driver.trainer import Trainer
 
     cfg = _config(tiny_model_dir, tmp_path, "train.async_rollouts=true", "train.steps=5", "telemetry.trajectories_every=0")
     trainer = Trainer(cfg, tmp_path, load_task_sources(cfg))
@@ -157,7 +158,8 @@ def test_max_staleness_2_runs_two_steps_ahead_and_the_buffer_drops_older_groups(
     counted, while step 4's (v2, lag 2) are still handed out."""
     import ray
 
-    from agentrl.driver.trainer import Trainer, load_task_sources
+    from agentrl.driver.task_sources import load_task_sources
+    from agentrl.driver.trainer import Trainer
 
     cfg = _config(tiny_model_dir, tmp_path, "train.async_rollouts=true", "buffer.max_staleness=2", "train.steps=4",
                   "telemetry.trajectories_every=0")

@@ -35,7 +35,7 @@ MIN_LEAD = 0.20  # RL's mean sampled success over its last two steps minus the c
 
 
 def _run(tmp_path, name: str, tasks_file, *extra: str) -> list[float]:
-    from agentrl.driver.trainer import train
+    from agentrl.driver.run import train
 
     cfg = load_config("configs/quickstart.yaml", [
         f"model.path={SHIPPED}", f"run.output_dir={tmp_path / name}", f"run.name={name}",

@@ -365,9 +365,9 @@ def test_placement_groups_go_to_the_emptiest_node_and_plain_actors_avoid_gpu_nod
 @pytest.fixture
 def fake_driver(monkeypatch):
     calls = []
-    module = types.ModuleType("agentrl.driver.trainer")
+    module = types.ModuleType("agentrl.driver.run")
     module.train = lambda config, config_path: calls.append(config)
-    monkeypatch.setitem(sys.modules, "agentrl.driver.trainer", module)
+    monkeypatch.setitem(sys.modules, "agentrl.driver.run", module)
     return calls
 
 

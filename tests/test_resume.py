@@ -85,6 +85,39 @@ def test_cli_resume_errors_exit_2_before_ray(tmp_path, capsys):
     assert not (run / "tasks.jsonl").exists() and sorted(p.name for p in run.iterdir()) == ["checkpoint-3", "config.yaml"]
 
 
+def test_a_format_2_checkpoint_reads_as_the_parts_of_today(tmp_path):
+    """Checkpoints written before the driver's parts had files of their own (format 2: the driver's
+    state in trainer_state.json, the rollouts launched ahead in rollouts.msgpack) resume: each
+    part's state reads as that part saves it now."""
+    from agentrl.checkpointing.checkpoint import (
+        BUFFER_FILE,
+        ROLLOUTS_FILE,
+        SAMPLER_PART,
+        SCHEDULER_PART,
+        STATE_FILE,
+        TRAINER_PART,
+        Checkpoint,
+    )
+    from agentrl.checkpointing.records import pack
+
+    path = tmp_path / "checkpoint-4"
+    path.mkdir()
+    state = {"format": 2, "step": 4, "version": 4, "due": None, "evals": {"start": {"success": 0.5}},
+             "sampler": {"seed": 7}, "quarantined": ["t9"], "pool_log_bytes": 0}
+    (path / STATE_FILE).write_text(json.dumps(state))
+    (path / BUFFER_FILE).write_bytes(pack({"counters": {"added": 3}, "groups": []}))
+    ckpt = Checkpoint(path, state)
+    assert ckpt.part_state(TRAINER_PART) == {"version": 4, "evals": {"start": {"success": 0.5}}}
+    assert ckpt.part_state(SAMPLER_PART) == {"seed": 7}
+    # no rollouts launched ahead (sync mode): the engines load the checkpoint's version
+    assert ckpt.part_state(SCHEDULER_PART) == {"due": 4, "quarantined": ["t9"], "ahead": []}
+    assert ckpt.part_state(BUFFER_FILE) == {"counters": {"added": 3}, "groups": []}  # the same file then and now
+    ahead = [{"step": 5, "calls": [{"summaries": [], "groups": []}]}]
+    (path / ROLLOUTS_FILE).write_bytes(pack(ahead))
+    ckpt.state["due"] = 5
+    assert ckpt.part_state(SCHEDULER_PART) == {"due": 5, "quarantined": ["t9"], "ahead": ahead}
+
+
 # ------------------------------------------------------------------ checkpoint folders
 
 def _fake_checkpoint(run: Path, step: int, complete: bool = True) -> Path:
@@ -189,14 +222,14 @@ def test_rods_queue_and_running_job_survive(tmp_path):
 
 
 def test_group_payloads_round_trip_through_msgpack():
-    from agentrl.checkpointing.checkpoint import _pack, _unpack
+    from agentrl.checkpointing.records import pack, unpack
 
     ep = Episode("t", [1, 2, 3], [0, 1, 1], [0.0, -0.123456789012345, -1e-300], [0, 1, 1], 1, [True, False], 2,
                  calls=[[{"name": "f", "arguments": {"a": [1, None, "x"], "2": {}}, "observation": "ok"}]],
                  rewards={"outcome": 0.5, "progress": 1 / 3}, step_spans=[[1, 3]], step_turns=[0], step_states=["s"],
                  answers=[None, "done"])
     group = EpisodeGroup("t", "t@v2#7", 2, [ep, ep], wall_seconds=1.5, mix_key="7/0")
-    assert EpisodeGroup.from_dict(_unpack(_pack(group.to_dict()))) == group
+    assert EpisodeGroup.from_dict(unpack(pack(group.to_dict()))) == group
 
 
 # ------------------------------------------------------------------ the learner (DeepSpeed in-process)
@@ -420,8 +453,9 @@ def test_async_rods_run_resumed_from_a_checkpoint_continues_bit_for_bit(tiny_mod
     run that went on without stopping, and step 4 draws the same tasks from the restored pool."""
     import ray
 
-    from agentrl.checkpointing.checkpoint import ROLLOUTS_FILE, open_checkpoint, reopen_run_dir
-    from agentrl.driver.trainer import Trainer, load_task_sources
+    from agentrl.checkpointing.checkpoint import SCHEDULER_PART, open_checkpoint, reopen_run_dir
+    from agentrl.driver.task_sources import load_task_sources
+    from agentrl.driver.trainer import Trainer
 
     cfg = load_config(None, [
         f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path}", "tasks.heldout_size=2", "rollout.group_size=2",
@@ -453,7 +487,8 @@ def test_async_rods_run_resumed_from_a_checkpoint_continues_bit_for_bit(tiny_mod
         for actor in [*a.learner.ranks, a.buffer, a.rods, *a.workers, *a.rollout_side.pool.actors]:
             ray.kill(actor)
     ckpt = open_checkpoint(run, cfg)
-    assert ckpt.step == 2 and ckpt.state["due"] == 2 and (ckpt.path / ROLLOUTS_FILE).exists()
+    scheduler = ckpt.part_state(SCHEDULER_PART)  # the version due and step 3's rollouts, launched ahead
+    assert ckpt.step == 2 and scheduler["due"] == 2 and [a["step"] for a in scheduler["ahead"]] == [3]
     reopen_run_dir(ckpt, cfg)
     b = Trainer(cfg, run, load_task_sources(cfg, ckpt), resume=ckpt)
     try:

@@ -64,8 +64,8 @@ def test_training_with_rods_samples_from_the_pool_and_logs_every_event(tiny_mode
 
     from agentrl.checkpointing.checkpoint import POOL_LOG, POOL_STATE
     from agentrl.cli import main
+    from agentrl.driver.run import train
     from agentrl.driver.synthesis_actor import SynthesisActor
-    from agentrl.driver.trainer import train
 
     # The format-only test model rarely scores, so widen the boundary to every group (low = 0)
     # and switch retirement off: the point here is the plumbing, not the thresholds.

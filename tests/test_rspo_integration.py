@@ -24,7 +24,8 @@ def test_rspo_steps_sync_the_explorer_and_keep_the_policy(tiny_model_dir, ray_cl
     import ray
 
     from agentrl.api import GroupRef
-    from agentrl.driver.trainer import Trainer, load_task_sources
+    from agentrl.driver.task_sources import load_task_sources
+    from agentrl.driver.trainer import Trainer
 
     cfg = load_config(None, [
         f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path / 'runs'}", "telemetry.progress=false",

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.heavy
 def test_training_mixes_executable_and_sgls_tasks(tiny_model_dir, ray_cluster, tmp_path):
-    from agentrl.driver.trainer import train
+    from agentrl.driver.run import train
 
     seeds = builtin_split("train")[:8]
     executable, sgls = tmp_path / "builtin.jsonl", tmp_path / "sgls.jsonl"

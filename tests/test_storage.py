@@ -146,7 +146,8 @@ def test_local_run_folder_needs_a_manifest_or_is_an_old_checkpoint(tmp_path, cap
 
     def checkpoint(step: int, manifest: bool, marked: bool) -> Path:
         path = _files(run / f"checkpoint-{step}", {"replay_buffer.msgpack": b"\x90", "learner/extra.pt": b"e" * 8})
-        state = {"format": FORMAT, "step": step, **({"manifest": MANIFEST} if marked else {})}
+        state = {"format": FORMAT, "step": step, "parts": ["replay_buffer.msgpack"],
+                 **({"manifest": MANIFEST} if marked else {})}
         (path / STATE_FILE).write_text(json.dumps(state))
         if manifest:
             Storage(path).write_manifest([{"path": p.relative_to(path).as_posix(), "size": p.stat().st_size,

@@ -1,18 +1,23 @@
 """Checkpoints a run resumes from exactly: ``train.checkpoint_every``, ``agentrl train --resume RUN``.
 
+The driver hands a checkpoint a ``RunParts`` (``driver/trainer.py``: ``Trainer.run_parts``): the
+learner, which writes and reads its own files on every rank, and the driver's stateful
+components, each a ``Stateful`` (``state_dict`` / ``load_state_dict``, ``records.py``) saved in a
+file of its own. This module knows the files, never the components behind them.
 ``RUN/checkpoint-<k>/`` holds the run's state after step k:
 
 * the policy as a Hugging Face model folder with its tokenizer (``agentrl eval --model`` reads it);
 * ``learner/``: the learner's whole training state: weights, optimizer, LR schedule, counters,
-  critic, RSPO explorer, RNG states (``engines/learner_state.py``);
-* ``rods_pool.json`` (rods.enabled): the pool, the seeds waiting for synthesis, its RNG and counters;
-* ``replay_buffer.msgpack``: the groups the buffer still holds, payloads included (fetched from
-  the object store: their refs die with the run), and its counters;
-* ``rollouts.msgpack`` (async rollouts): the next step's rollouts, in flight when the checkpoint
-  was taken, waited for and kept with their group payloads;
-* ``trainer_state.json``: step, policy version, the task sampler (RNG state, the rest of its
-  pass, the fresh-task seed), the start evaluation, the version the engines still had to load,
-  the size of ``rods_pool.jsonl`` at the checkpoint, and the learner's state digest;
+  critic, a method's learner parts, RNG states (``engines/learner_state.py``);
+* one file per driver part: ``trainer.json`` (policy version, start evaluation), ``sampler.json``
+  (the task sampler's RNG, the rest of its pass, the fresh-task seed), ``scheduler.msgpack`` (the
+  version the engines must load, quarantined tasks, and in async mode the next step's rollouts,
+  in flight at the checkpoint, waited for and kept with their groups), ``replay_buffer.msgpack``
+  (the groups the buffer holds, payloads included: their refs die with the run, and its
+  counters), ``rods_pool.json`` (rods.enabled: the pool, the seeds waiting for synthesis, its RNG
+  and counters; the format ``rods.resume_from`` reads);
+* ``trainer_state.json``: the format, the step, the learner's state digest and the sizes of the
+  run's append-only logs at the checkpoint (``rods_pool.jsonl``);
 * ``manifest.json``, written last: every part above (relative path, size, sha256, computed by the
   writer that wrote it). Only the manifest makes a checkpoint complete (``checkpointing/storage.py``).
 
@@ -23,11 +28,8 @@ is replaced atomically; with ``run.storage`` it is ``<storage>/<run folder name>
 (uploaded), plus ``latest`` and the run's logs there. A process that dies while writing leaves no
 manifest: the folder is never resumed from, and is replaced or pruned. Restoring checks every part
 it reads against the manifest (size, sha256) and the learner's restored state against the saved
-digest; a mismatch of either is an error. ``train.keep_checkpoints`` prunes old ones.
-
-Compact records (the buffer's and the in-flight groups) are msgpack: episodes are long lists of
-token ids and logprobs, which msgpack stores as packed ints and float64 (exact) at a fraction of
-JSON's size and parse time; the pool stays JSON, the format ``rods.resume_from`` reads.
+digest; a mismatch of either is an error. ``train.keep_checkpoints`` prunes old ones. Format 2
+checkpoints (the driver's state in ``trainer_state.json`` and ``rollouts.msgpack``) are read too.
 """
 
 from __future__ import annotations
@@ -36,30 +38,45 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import ray
 
-from agentrl.api import EpisodeGroup, GroupRef, GroupSummary
+from agentrl.checkpointing.records import Stateful, pack, unpack
 from agentrl.checkpointing.storage import MANIFEST, ChecksumError, Storage
 from agentrl.config import Config, dump_config
 from agentrl.telemetry.metrics import keep_steps_through
 from agentrl.telemetry.trajectories import TRAJECTORY_DIR, discard_after
 
-# the driver's Trainer (driver/trainer.py), a layer above: read through its attributes
-Trainer = Any
-
-FORMAT = 2
+FORMAT, READS = 3, (2, 3)  # written, read
 PREFIX, LATEST, STATE_FILE = "checkpoint-", "latest", "trainer_state.json"
-LEARNER_DIR, POOL_STATE, BUFFER_FILE, ROLLOUTS_FILE = "learner", "rods_pool.json", "replay_buffer.msgpack", "rollouts.msgpack"
+LEARNER_DIR = "learner"
+# the driver's parts (Trainer.run_parts), one file each
+TRAINER_PART, SAMPLER_PART, SCHEDULER_PART = "trainer.json", "sampler.json", "scheduler.msgpack"
+BUFFER_FILE, POOL_STATE = "replay_buffer.msgpack", "rods_pool.json"
+ROLLOUTS_FILE = "rollouts.msgpack"  # format 2: the scheduler's rollouts launched ahead
 POOL_LOG, TASKS_LOG, RESUMES_LOG = "rods_pool.jsonl", "tasks.jsonl", "resumes.jsonl"
-DRIVER_FILES = (STATE_FILE, BUFFER_FILE, ROLLOUTS_FILE, POOL_STATE)  # the parts the driver writes and reads back
+APPEND_LOGS = (POOL_LOG,)  # cut back to their size at the checkpoint when resuming (tasks.jsonl: by step)
 # read back from run.storage on a resume (trackers.json: the tracker runs a resumed run continues)
 RUN_LOGS = ("metrics.jsonl", TASKS_LOG, POOL_LOG, RESUMES_LOG, "trackers.json")
 RUN_FILES = ("config.yaml", *RUN_LOGS, "evals.json", "report.png")  # put into run.storage at checkpoints and the end
+
+
+@dataclass
+class RunParts:
+    """What a checkpoint saves of a run, handed in by the driver: where the run lives, the learner
+    (its ``save_parts`` / ``load_parts`` write and read its files on every rank), and the driver's
+    parts by file name, saved and restored in this order. ``final``: the parts the trained
+    policy's folder (``final/``) keeps too."""
+
+    run_dir: Path
+    storage: Storage | None
+    keep_checkpoints: int
+    learner: Any
+    parts: dict[str, Stateful]
+    final: tuple[str, ...] = field(default=())
 
 
 @dataclass
@@ -80,6 +97,34 @@ class Checkpoint:
     @property
     def run_dir(self) -> Path:
         return self.path.parent
+
+    def part_state(self, name: str) -> Any:
+        """The saved state of the driver part ``name`` (a file name), or None when it has none."""
+        if self.state["format"] == 2 and name in (TRAINER_PART, SAMPLER_PART, SCHEDULER_PART):
+            return _format2_part(self, name)
+        path = self.path / name
+        if not path.is_file():
+            return None
+        return json.loads(path.read_text(encoding="utf-8")) if name.endswith(".json") else unpack(path.read_bytes())
+
+
+def _format2_part(ckpt: Checkpoint, name: str) -> Any:
+    """A format-2 checkpoint's driver state as the part ``name`` saves it now."""
+    state = ckpt.state
+    if name == TRAINER_PART:
+        return {"version": state["version"], "evals": state["evals"]}
+    if name == SAMPLER_PART:
+        return state["sampler"]
+    ahead = unpack((ckpt.path / ROLLOUTS_FILE).read_bytes()) if (ckpt.path / ROLLOUTS_FILE).exists() else []
+    return {"due": state["due"] if state["due"] is not None else state["version"],
+            "quarantined": state.get("quarantined", []), "ahead": ahead}
+
+
+def _driver_files(state: dict, manifest: dict) -> list[dict]:
+    """The manifest's entries for the files the driver reads back: ``trainer_state.json`` and the
+    parts it lists (format 2: its fixed set)."""
+    names = {STATE_FILE, *(state["parts"] if state["format"] >= 3 else (BUFFER_FILE, ROLLOUTS_FILE, POOL_STATE))}
+    return [p for p in manifest["parts"] if p["path"] in names]
 
 
 # ---------------------------------------------------------------- finding one
@@ -138,7 +183,7 @@ def open_checkpoint(run_dir: str | Path, cfg: Config) -> Checkpoint:
         print(f"agentrl: note: {path} has no {MANIFEST} (written by an agentrl before manifests): resuming from it "
               f"as complete by its {STATE_FILE}, its files unchecked", flush=True)
     else:
-        _checked(run_dir, lambda: source.verify([p for p in manifest["parts"] if p["path"] in DRIVER_FILES]))
+        _checked(run_dir, lambda: source.verify(_driver_files(state, manifest)))
     return Checkpoint(path, state, source, manifest)
 
 
@@ -155,7 +200,7 @@ def _open_stored(run_dir: Path, store: Storage, cfg: Config) -> Checkpoint:
     shutil.rmtree(path, ignore_errors=True)
     _checked(run_dir, lambda: source.download([parts[STATE_FILE]], path))
     state = _read_state(path, cfg)
-    _checked(run_dir, lambda: source.download([parts[n] for n in DRIVER_FILES[1:] if n in parts], path))
+    _checked(run_dir, lambda: source.download([p for p in _driver_files(state, manifest) if p["path"] != STATE_FILE], path))
     Storage(path).write_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())
     for log in RUN_LOGS:  # the logs as of the checkpoint (a local copy may be another node's, older)
         if (data := store.read_bytes(log)) is not None:
@@ -166,9 +211,9 @@ def _open_stored(run_dir: Path, store: Storage, cfg: Config) -> Checkpoint:
 
 def _read_state(path: Path, cfg: Config) -> dict:
     state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-    if state.get("format") != FORMAT:
+    if state.get("format") not in READS:
         raise SystemExit(f"error: --resume {path.parent}: {path / STATE_FILE} has format {state.get('format')!r}; "
-                         f"this agentrl reads format {FORMAT}")
+                         f"this agentrl reads formats {', '.join(map(str, READS))}")
     if cfg.train.steps < state["step"]:
         raise SystemExit(f"error: train.steps={cfg.train.steps}: {path.name} is already at step {state['step']}; "
                          "give train.steps >= that to continue the run")
@@ -185,44 +230,30 @@ def _checked(run_dir, read):
 
 # ---------------------------------------------------------------- writing one
 
-def write_checkpoint(trainer: Trainer, step: int, evals: dict) -> Path | Storage:
+def write_checkpoint(run: RunParts, step: int) -> Path | Storage:
     """Save the run after ``step`` as ``checkpoint-<step>``, complete once its manifest is written
     (last), and point ``latest`` at it: in the run folder, or with ``run.storage`` there. Returns
     where it is."""
-    run_dir, store, name = trainer.run_dir, trainer.storage, f"{PREFIX}{step}"
+    run_dir, store, name = run.run_dir, run.storage, f"{PREFIX}{step}"
     tmp, final = run_dir / f".{name}.tmp", run_dir / name
     own = _fresh_stage(tmp)
     if store is not None:  # an incomplete one, or a complete one of this step from before a resume
         store.delete(name)
     dest = store.child(name) if store is not None else Storage(tmp)
-    results, due = trainer.scheduler.pending()  # async: waits for the rollouts launched ahead
-    # every learner rank writes its parts on its node and puts them into dest, while the driver packs
-    saving = trainer.learner.save_parts.remote(str(tmp.resolve()), dest)
-    entries, counters = ray.get(trainer.buffer.state.remote())
-    _write_bytes(own / BUFFER_FILE, _pack({"counters": counters, "groups": _pack_groups(entries)}))
-    if results:
-        _write_bytes(own / ROLLOUTS_FILE, _pack([
-            {"step": ahead, "calls": [{"summaries": [asdict(s) for s in sums], "groups": _pack_groups(refs)}
-                                      for sums, refs in calls]} for ahead, calls in results.items()]))
-    if trainer.rods is not None:
-        trainer.drain_pool_log()  # the log holds everything up to the saved state
-        _write_bytes(own / POOL_STATE, json.dumps(ray.get(trainer.rods.state_dict.remote())).encode())
-    trainer.trajectories.checkpoint()
-    pool_log = run_dir / POOL_LOG
+    # every learner rank writes its parts on its node and puts them into dest, while the driver's parts save
+    saving = run.learner.save_parts.remote(str(tmp.resolve()), dest)
+    _write_parts(run.parts, own)
     saved = ray.get(saving)
-    state = {"format": FORMAT, "step": step, "version": trainer.version, "due": due, "evals": evals,
-             "sampler": trainer.sampler.state_dict() if trainer.sampler is not None else None,
-             "quarantined": sorted(trainer.scheduler.quarantined),  # tasks that killed their worker twice
-             "pool_log_bytes": pool_log.stat().st_size if pool_log.exists() else 0,
+    logs = {log: (run_dir / log).stat().st_size if (run_dir / log).exists() else 0 for log in APPEND_LOGS}
+    state = {"format": FORMAT, "step": step, "parts": list(run.parts), "logs": logs,
              "learner_digest": saved["digest"], "manifest": MANIFEST, "time": time.time()}
     _write_bytes(own / STATE_FILE, json.dumps(state, indent=1).encode())
     dest.write_manifest(saved["parts"] + dest.upload(own, move=store is None), step=step)  # last: now complete
-    keep = trainer.cfg.train.keep_checkpoints
     if store is not None:
         shutil.rmtree(tmp)
         store.write_bytes(LATEST, f"{name}\n".encode())
         sync_run_files(store, run_dir)
-        store.prune(PREFIX, keep)
+        store.prune(PREFIX, run.keep_checkpoints)
         return dest
     os.rmdir(own)
     _fsync_tree(tmp)
@@ -231,15 +262,16 @@ def write_checkpoint(trainer: Trainer, step: int, evals: dict) -> Path | Storage
     os.rename(tmp, final)
     _fsync_dir(run_dir)
     write_atomic(run_dir / LATEST, f"{final.name}\n".encode())
-    prune_checkpoints(run_dir, keep)
+    prune_checkpoints(run_dir, run.keep_checkpoints)
     return final
 
 
-def write_final(trainer: Trainer, out_dir: Path) -> None:
-    """The trained policy as ``out_dir`` (``final/``): rank 0's HF folder, the RODS pool as
-    ``rods_pool.json``, and a manifest of them, written last. With ``run.storage`` it is uploaded
-    to the run's ``final/`` there too (the local folder is on rank 0's node)."""
-    store, stage = trainer.storage, out_dir.with_name(f".{out_dir.name}.tmp")
+def write_final(run: RunParts, out_dir: Path) -> None:
+    """The trained policy as ``out_dir`` (``final/``): rank 0's HF folder, the parts in
+    ``run.final`` (the RODS pool as ``rods_pool.json``), and a manifest of them, written last.
+    With ``run.storage`` it is uploaded to the run's ``final/`` there too (the local folder is on
+    rank 0's node)."""
+    store, stage = run.storage, out_dir.with_name(f".{out_dir.name}.tmp")
     own = _fresh_stage(stage)
     if store is not None:
         store.delete(out_dir.name)
@@ -248,10 +280,8 @@ def write_final(trainer: Trainer, out_dir: Path) -> None:
         shutil.rmtree(out_dir, ignore_errors=True)
         dest = Storage(out_dir)
     keep = str(out_dir.resolve()) if store is not None else None
-    saving = trainer.learner.save_parts.remote(str(stage.resolve()), dest, False, keep)
-    if trainer.rods is not None:
-        trainer.drain_pool_log()  # the log holds everything up to the saved state
-        _write_bytes(own / POOL_STATE, json.dumps(ray.get(trainer.rods.state_dict.remote())).encode())
+    saving = run.learner.save_parts.remote(str(stage.resolve()), dest, False, keep)
+    _write_parts({name: run.parts[name] for name in run.final}, own)
     parts = ray.get(saving)["parts"]
     if store is not None:  # the local copy gets the driver's files too
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -261,6 +291,13 @@ def write_final(trainer: Trainer, out_dir: Path) -> None:
     if store is not None:
         Storage(out_dir).write_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())
     shutil.rmtree(stage, ignore_errors=True)
+
+
+def _write_parts(parts: dict[str, Stateful], folder: Path) -> None:
+    """Each part's ``state_dict()`` into its file: JSON for ``.json``, else msgpack."""
+    for name, part in parts.items():
+        state = part.state_dict()
+        _write_bytes(folder / name, json.dumps(state).encode() if name.endswith(".json") else pack(state))
 
 
 def _fresh_stage(stage: Path) -> Path:
@@ -320,27 +357,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# ---------------------------------------------------------------- group payloads (msgpack)
-
-def _pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True, default=str)
-
-
-def _unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
-
-
-def _pack_groups(refs: list[GroupRef]) -> list[dict]:
-    """The groups behind ``refs`` with their versions (payloads fetched from the object store)."""
-    groups = ray.get([r.ref for r in refs]) if refs else []
-    return [{"version": r.version, "task_id": r.task_id, "group": g.to_dict()} for r, g in zip(refs, groups)]
-
-
-def _unpack_groups(records: list[dict]) -> list[GroupRef]:
-    """Put the groups back into the object store; their new refs, with the saved versions."""
-    return [GroupRef(ray.put(EpisodeGroup.from_dict(r["group"])), r["version"], r["task_id"]) for r in records]
-
-
 # ---------------------------------------------------------------- resuming
 
 def reopen_run_dir(ckpt: Checkpoint, cfg: Config) -> Path:
@@ -352,9 +368,10 @@ def reopen_run_dir(ckpt: Checkpoint, cfg: Config) -> Path:
     for tmp in [*run_dir.glob(f".{PREFIX}*.tmp"), run_dir / ".final.tmp"]:
         shutil.rmtree(tmp, ignore_errors=True)
     keep_steps_through(run_dir / TASKS_LOG, ckpt.step)
-    pool_log = run_dir / POOL_LOG
-    if pool_log.exists() and pool_log.stat().st_size > ckpt.state["pool_log_bytes"]:
-        os.truncate(pool_log, ckpt.state["pool_log_bytes"])
+    sizes = ckpt.state["logs"] if ckpt.state["format"] >= 3 else {POOL_LOG: ckpt.state["pool_log_bytes"]}
+    for log, size in sizes.items():
+        if (run_dir / log).exists() and (run_dir / log).stat().st_size > size:
+            os.truncate(run_dir / log, size)
     if (run_dir / TRAJECTORY_DIR).is_dir():
         discard_after(run_dir / TRAJECTORY_DIR, ckpt.step)
     print(f"agentrl: resuming run {run_dir} from {ckpt.path.name} (step {ckpt.step} of {cfg.train.steps})", flush=True)
@@ -365,43 +382,27 @@ def pool_state(ckpt: Checkpoint) -> dict:
     return json.loads((ckpt.path / POOL_STATE).read_text(encoding="utf-8"))
 
 
-def restore(trainer: Trainer, ckpt: Checkpoint) -> None:
-    """Load the checkpoint into a freshly built ``Trainer``: learner, policy version, task sampler,
-    replay buffer, the scheduler's in-flight rollouts and pending version (sync mode: the engines
-    load the checkpoint's weights now), the start evaluation. The RODS actor was built from the
-    checkpoint's pool. Appends what was restored to ``resumes.jsonl``. Every part read is checked
-    against the manifest, and the restored learner against the saved digest (``check_digest``)."""
-    state = ckpt.state
+def restore(run: RunParts, ckpt: Checkpoint) -> dict[str, str]:
+    """Load the checkpoint into a freshly built run: the learner (each rank checks the parts it
+    reads against the manifest, downloading them first from remote storage; the restored state
+    must match the saved digest, ``check_digest``), then every driver part in ``run.parts``'s
+    order. Returns the learner's digest."""
     if ckpt.manifest is None:  # a checkpoint written before manifests
-        digest = ray.get(trainer.learner.load_state.remote(str((ckpt.path / LEARNER_DIR).resolve())))
-    else:  # each rank checks the parts it reads (downloads them first from remote storage)
-        stage = trainer.run_dir / ".restore.tmp"
+        digest = ray.get(run.learner.load_state.remote(str((ckpt.path / LEARNER_DIR).resolve())))
+    else:
+        stage = run.run_dir / ".restore.tmp"
         parts = [p for p in ckpt.manifest["parts"] if p["path"].startswith(f"{LEARNER_DIR}/")]
         try:
-            digest = _checked(ckpt.run_dir, lambda: ray.get(trainer.learner.load_parts.remote(
+            digest = _checked(ckpt.run_dir, lambda: ray.get(run.learner.load_parts.remote(
                 str(stage.resolve()), ckpt.source, parts)))
         finally:
             shutil.rmtree(stage, ignore_errors=True)
-    check_digest(state["learner_digest"], digest, ckpt.path.name)
-    trainer.version = state["version"]
-    if trainer.sampler is not None:
-        trainer.sampler.load_state_dict(state["sampler"])
-    saved = _unpack((ckpt.path / BUFFER_FILE).read_bytes())
-    ray.get(trainer.buffer.restore.remote(_unpack_groups(saved["groups"]), saved["counters"]))
-    results = {}
-    if (ckpt.path / ROLLOUTS_FILE).exists():
-        results = {ahead["step"]: [([GroupSummary(**s) for s in call["summaries"]], _unpack_groups(call["groups"]))
-                                   for call in ahead["calls"]]
-                   for ahead in _unpack((ckpt.path / ROLLOUTS_FILE).read_bytes())}
-    trainer.scheduler.restore(results, state["due"] if state["due"] is not None else trainer.version)
-    trainer.scheduler.quarantined = set(state.get("quarantined", []))  # absent before quarantine existed
-    trainer.evals = {k: v for k, v in state["evals"].items() if k != "end"}  # a new end comes with the new last step
-    record = {"time": time.time(), "checkpoint": ckpt.path.name, "step": ckpt.step, "version": trainer.version,
-              "steps": trainer.cfg.train.steps, "learner_digest_match": True, "learner_digest": digest,
-              "buffer_groups": len(saved["groups"]),
-              "rollouts_in_flight": sum(len(refs) for calls in results.values() for _, refs in calls)}
-    with (trainer.run_dir / RESUMES_LOG).open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record) + "\n")
+    check_digest(ckpt.state["learner_digest"], digest, ckpt.path.name)
+    for name, part in run.parts.items():
+        state = ckpt.part_state(name)
+        if state is not None:
+            part.load_state_dict(state)
+    return digest
 
 
 def check_digest(saved: dict[str, str], restored: dict[str, str], name: str) -> None:

@@ -117,7 +117,7 @@ def _train(args: argparse.Namespace) -> int:
         return _fail(err)
     if (failed := _preflight(config, args)) is not None:
         return failed
-    from agentrl.driver.trainer import train  # torch/Ray only from here on
+    from agentrl.driver.run import train  # torch/Ray only from here on
 
     if args.resume is not None:
         return _run(train, config, config_path=str(Path(args.resume) / "config.yaml"), resume=args.resume)
@@ -152,7 +152,7 @@ def _train_auto(args: argparse.Namespace) -> int:
         return _fail(err)
     if (failed := _preflight(config, args)) is not None:
         return failed
-    from agentrl.driver.trainer import train
+    from agentrl.driver.run import train
 
     if resumable:
         return _run(train, config, config_path=str(run_dir / "config.yaml"), resume=run_dir)

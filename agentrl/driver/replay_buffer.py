@@ -13,6 +13,7 @@ from collections import deque
 import ray
 
 from agentrl.api import GroupRef
+from agentrl.checkpointing.records import pack_groups, unpack_groups
 
 
 @ray.remote(num_cpus=0)
@@ -46,13 +47,16 @@ class ReplayBuffer:
             out.append(entry)
         return out
 
-    def state(self) -> tuple[list[GroupRef], dict[str, int]]:
-        """What a checkpoint needs: the groups still held (oldest first) and the counters."""
-        return list(self.items), {"added": self.added, "dropped_stale": self.dropped_stale, "dropped_full": self.dropped_full}
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the counters and the groups still held, oldest first, with
+        their payloads (fetched here: the refs die with the run)."""
+        return {"counters": {"added": self.added, "dropped_stale": self.dropped_stale, "dropped_full": self.dropped_full},
+                "groups": pack_groups(list(self.items))}
 
-    def restore(self, entries: list[GroupRef], counters: dict[str, int]) -> int:
-        """Back to ``state``'s contents (the groups re-put into the object store by the driver)."""
-        self.items = deque(entries)
+    def load_state_dict(self, state: dict) -> int:
+        """Back to ``state_dict``'s contents (the groups put into the object store again)."""
+        self.items = deque(unpack_groups(state["groups"]))
+        counters = state["counters"]
         self.added, self.dropped_stale, self.dropped_full = counters["added"], counters["dropped_stale"], counters["dropped_full"]
         return len(self.items)
 

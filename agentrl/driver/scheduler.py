@@ -52,11 +52,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import asdict
 
 import ray
 
-from agentrl.api import POLICY, EngineNotStarted
+from agentrl.api import POLICY, EngineNotStarted, GroupSummary
 from agentrl.checkpointing.preemption import ResumableFailure
+from agentrl.checkpointing.records import pack_groups, unpack_groups
 
 NO_LOAD_IN_FLIGHT = "never load weights while an episode is in flight"
 
@@ -188,6 +190,23 @@ class RolloutScheduler:
             self._due = None
 
     # ---- checkpoints (checkpointing/checkpoint.py)
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the scheduler: the version the engines must hold after a
+        resume, the quarantined tasks, and (async mode) the rollouts launched ahead, waited for,
+        with their summaries and groups (payloads fetched: their refs die with the run)."""
+        results, due = self.pending()
+        return {"due": due if due is not None else self.version, "quarantined": sorted(self.quarantined),
+                "ahead": [{"step": step, "calls": [{"summaries": [asdict(s) for s in sums], "groups": pack_groups(refs)}
+                                                   for sums, refs in calls]} for step, calls in results.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Back to ``state_dict``'s state (the groups put into the object store again), then
+        ``restore``: sync mode loads the saved version into the engines at once."""
+        results = {ahead["step"]: [([GroupSummary(**s) for s in call["summaries"]], unpack_groups(call["groups"]))
+                                   for call in ahead["calls"]] for ahead in state["ahead"]}
+        self.quarantined = set(state["quarantined"])
+        self.restore(results, state["due"])
+
     def pending(self) -> tuple[dict[int, list], int | None]:
         """({step: results of its rollout calls}, waited for but left for their steps; the version
         due to load, or None): what a checkpoint must keep of the scheduler. Only async mode has

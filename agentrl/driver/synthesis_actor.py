@@ -82,24 +82,24 @@ class SynthesisActor:
         self.cfg = rods_cfg
         self.lock = threading.Lock()
         self.events: list[dict] = []
-        if state is None:
-            self.pool = ActivePool(seeds, rods_cfg, tasks_per_step, forbidden_texts, rng_seed=run_seed, log=self.events.append)
-        else:
-            self.pool = ActivePool.from_state(state, rods_cfg, tasks_per_step, forbidden_texts, log=self.events.append,
-                                              resume=resume)
-            self.events.append({"step": self.pool.step, "event": "restore", "pool": len(self.pool.entries), "resume": resume})
+        self.seeds, self.tasks_per_step, self.forbidden_texts = seeds, tasks_per_step, forbidden_texts
+        # a saved pool replaces it (below, or load_state_dict: a resumed run, which may have no seeds)
+        self.pool = ActivePool(seeds, rods_cfg, tasks_per_step, forbidden_texts, rng_seed=run_seed,
+                               log=self.events.append) if seeds and state is None else None
         self.synth, self._close_llm = build_synthesizer(rods_cfg, dtype)
         self.base_seed = run_seed * 1_000_003 + rods_cfg.seed
-        self.jobs = state.get("synthesis_jobs", 0) if state else 0  # jobs started; with base_seed it seeds each job
+        self.jobs = 0  # jobs started; with base_seed it seeds each job
         # (step, seed task) waiting for synthesis; a checkpoint keeps them (and the job that was running)
-        self.queue: deque = deque(restore_queue(state, renumber=resume) if state else ())
+        self.queue: deque = deque()
         # Seeds waiting for synthesis: four selections' worth; older ones are stale by then.
         self.max_queue = 4 * rods_cfg.quota_per_category * len({t.category for t in seeds})
         self.busy = False
         self.running: tuple | None = None  # (step, seed) of the job in progress
         # jobs, attempts, candidates, queued, dropped_seeds, errors, failures:*
-        self.counts: Counter = Counter(state.get("synthesis_counts", {}) if state else {})
-        self.busy_seconds = float(state.get("synthesis_busy_seconds", 0.0)) if state else 0.0
+        self.counts: Counter = Counter()
+        self.busy_seconds = 0.0
+        if state is not None:  # rods.resume_from: a new run from a saved pool
+            self._load(state, resume)
         self.wake = threading.Condition(self.lock)
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="rods-synthesis", daemon=True)
@@ -156,6 +156,25 @@ class SynthesisActor:
             return {**self.pool.state_dict(), "synthesis_jobs": self.jobs - (self.running is not None),
                     "synthesis_queue": [{"step": step, "task": task.model_dump(mode="json")} for step, task in waiting],
                     "synthesis_counts": dict(self.counts), "synthesis_busy_seconds": self.busy_seconds}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Back to ``state_dict``'s state (a resumed run, its steps kept), before any work starts."""
+        with self.lock:
+            if self.running or self.queue or self.jobs:
+                raise RuntimeError("SynthesisActor.load_state_dict: the actor has started synthesis work; "
+                                   "restore a checkpoint into a fresh actor")
+            self._load(state, renumber=False)
+
+    def _load(self, state: dict, renumber: bool) -> None:
+        """The pool and the synthesis side from a saved state; ``renumber``: a new run's steps
+        start from 1 (``ActivePool.from_state`` moves cooldowns)."""
+        self.pool = ActivePool.from_state(state, self.cfg, self.tasks_per_step, self.forbidden_texts,
+                                          log=self.events.append, resume=renumber)
+        self.events.append({"step": self.pool.step, "event": "restore", "pool": len(self.pool.entries), "resume": renumber})
+        self.jobs = state.get("synthesis_jobs", 0)
+        self.queue = deque(restore_queue(state, renumber=renumber))
+        self.counts = Counter(state.get("synthesis_counts", {}))
+        self.busy_seconds = float(state.get("synthesis_busy_seconds", 0.0))
 
     def wait_idle(self, timeout_s: float = 600.0) -> bool:
         """Block until the seed queue is empty and no job runs (tests, and a final drain)."""

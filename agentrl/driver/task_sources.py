@@ -12,7 +12,6 @@ import json
 import random
 from pathlib import Path
 
-from agentrl.checkpointing.checkpoint import POOL_STATE, Checkpoint
 from agentrl.config import Config
 from agentrl.envs.builtin.generator import generate_tasks
 
@@ -66,11 +65,11 @@ def _tupled(x):
     return tuple(_tupled(v) for v in x) if isinstance(x, list) else x
 
 
-def load_task_sources(cfg: Config, resume: Checkpoint | None = None) -> dict[str, list]:
+def load_task_sources(cfg: Config, resuming: bool = False) -> dict[str, list]:
     """tasks.heldout and (unless fresh_train) tasks.train, loaded once, before the run folder and
     Ray exist: a bad path, a malformed file or a missing/wrong benchmark package is reported with
-    its key, not as a traceback mid-start. The RODS pool state: ``rods.resume_from``'s, or the
-    checkpoint's when ``resume``-ing a run."""
+    its key, not as a traceback mid-start. The RODS pool state: ``rods.resume_from``'s, unless
+    ``resuming`` a run (its checkpoint's pool is restored into the synthesis actor instead)."""
     from agentrl.envs.sources import resolve_task_sources
     from agentrl.tasks.io import TaskFileError
 
@@ -85,22 +84,25 @@ def load_task_sources(cfg: Config, resume: Checkpoint | None = None) -> dict[str
         if n_sgls and cfg.tools.sgls is None:
             raise SystemExit(f"error: tasks.{key}: {n_sgls} tasks use backend 'sgls' (LLM-simulated tools) but "
                              "tools.sgls is not set (give it model_path or endpoint)")
-    source = (resume.path / POOL_STATE, "--resume") if resume is not None else (cfg.rods.resume_from, "rods.resume_from")
-    if cfg.rods.enabled and source[0]:
+    if cfg.rods.enabled and cfg.rods.resume_from and not resuming:
         try:
-            loaded["rods_state"] = json.loads(Path(source[0]).read_text())
+            loaded["rods_state"] = json.loads(Path(cfg.rods.resume_from).read_text())
         except (OSError, ValueError) as err:
-            raise SystemExit(f"error: {source[1]}: cannot read the pool state {source[0]}: {err}") from None
+            raise SystemExit(f"error: rods.resume_from: cannot read the pool state {cfg.rods.resume_from}: {err}") from None
     return loaded
 
 
-def start_synthesis_actor(cfg: Config, tasks: dict[str, list], heldout: list, renumber: bool = True):
+def start_synthesis_actor(cfg: Config, tasks: dict[str, list], heldout: list, resuming: bool = False):
     """The RODS synthesis actor: its pool replaces the task sampler; seeds = tasks.train, and no
-    synthesized task may repeat a held-out user turn. ``renumber``: a pool state from
-    ``rods.resume_from`` starts a new run (steps from 1); a resumed run's keeps its steps."""
+    synthesized task may repeat a held-out user turn. A pool state from ``rods.resume_from``
+    starts a new run (steps from 1); a resumed run's pool is restored into it (``load_state_dict``),
+    so ``resuming`` needs no seeds."""
     from agentrl.driver.synthesis_actor import SynthesisActor
 
+    if not tasks["train"] and "rods_state" not in tasks and not resuming:
+        raise SystemExit("error: rods.enabled: RODS needs seed tasks: tasks.train is empty and rods.resume_from "
+                         "names no saved pool")
     heldout_texts = frozenset(turn.user for t in heldout for turn in t.turns)
     return SynthesisActor.options(num_cpus=cfg.rods.num_cpus, num_gpus=cfg.rods.num_gpus).remote(
         tasks["train"], cfg.rods, cfg.rollout.tasks_per_step, heldout_texts, cfg.run.seed, cfg.model.dtype,
-        state=tasks.get("rods_state"), resume=renumber)
+        state=tasks.get("rods_state"), resume=True)

@@ -20,7 +20,6 @@ Where the step's tasks come from: driver/task_sources.py.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -29,33 +28,35 @@ import ray
 
 from agentrl.api import POLICY, GroupRef, GroupSummary
 from agentrl.checkpointing.checkpoint import (
+    BUFFER_FILE,
     POOL_LOG,
+    POOL_STATE,
+    RESUMES_LOG,
+    SAMPLER_PART,
+    SCHEDULER_PART,
     TASKS_LOG,
+    TRAINER_PART,
     Checkpoint,
+    RunParts,
     engine_seed_rollout_cfg,
-    open_checkpoint,
-    reopen_run_dir,
     restore,
     run_storage,
-    sync_run_files,
     write_checkpoint,
     write_final,
 )
-from agentrl.checkpointing.preemption import Preempted, ResumableFailure, StopOnSignal
-from agentrl.config import Config, dump_config
-from agentrl.config.process_env import set_default_env
-from agentrl.driver.cluster import RolloutSide, init_ray, resolve_model_path
+from agentrl.checkpointing.preemption import ResumableFailure
+from agentrl.checkpointing.records import RemotePart
+from agentrl.config import Config
+from agentrl.driver.cluster import RolloutSide, resolve_model_path
 from agentrl.driver.scheduler import RolloutScheduler
-from agentrl.driver.task_sources import TaskSampler, load_task_sources, start_synthesis_actor
+from agentrl.driver.task_sources import TaskSampler, start_synthesis_actor
 from agentrl.envs.builtin.generator import text_key
-from agentrl.envs.plugins import find_plugin_error
 from agentrl.methods.registry import active_methods
 from agentrl.rollout.trajectory_writer import Trajectories
 from agentrl.telemetry.metrics import MetricsSink
-from agentrl.telemetry.progress import ProgressLine, eval_table, print_eval_progress
+from agentrl.telemetry.progress import ProgressLine, print_eval_progress
 from agentrl.telemetry.summaries import eval_metrics, step_metrics
 from agentrl.telemetry.timeline import Timeline
-from agentrl.telemetry.trackers import check_trackers
 from agentrl.weight_sync import make_weight_sync
 
 
@@ -79,7 +80,7 @@ class Trainer:
         self.heldout = heldout[: cfg.tasks.heldout_size] if cfg.tasks.heldout_size else heldout
         heldout_keys = {text_key(t) for t in heldout}  # held-out tasks as their tuples of user turns
         self.sampler = None if cfg.rods.enabled else TaskSampler(cfg, tasks["train"], heldout_keys)
-        self.rods = start_synthesis_actor(cfg, tasks, heldout, renumber=resume is None) if cfg.rods.enabled else None
+        self.rods = start_synthesis_actor(cfg, tasks, heldout, resuming=resume is not None) if cfg.rods.enabled else None
         rt = cfg.runtime
         self.start_step = resume.step if resume is not None else 0
         self.rollout_side = RolloutSide.create(cfg, model_path, rollout_cfg=engine_seed_rollout_cfg(cfg, self.start_step),
@@ -110,7 +111,7 @@ class Trainer:
         self.evals: dict[str, dict[str, float]] = {}  # the run's start evaluation (restored on resume)
         self.deadline: float | None = None  # train.max_minutes as a perf_counter time (set by train())
         if resume is not None:
-            restore(self, resume)
+            self._resume(resume)
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:
@@ -263,14 +264,47 @@ class Trainer:
             fh.writelines(json.dumps(e) + "\n" for e in events)
         return rods_metrics
 
+    def state_dict(self) -> dict:
+        """The driver's own part of a checkpoint: the policy version and the start evaluation."""
+        return {"version": self.version, "evals": self.evals}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.version = state["version"]
+        self.evals = {k: v for k, v in state["evals"].items() if k != "end"}  # a new end comes with the new last step
+
+    def run_parts(self) -> RunParts:
+        """What a checkpoint saves, in restore order: the learner, then the driver's counters, the
+        task sampler or the RODS pool, the replay buffer, and the scheduler last (restoring it in
+        sync mode loads the checkpoint's weights into the engines). ``final/`` keeps the pool."""
+        parts = {TRAINER_PART: self}
+        if self.sampler is not None:
+            parts[SAMPLER_PART] = self.sampler
+        if self.rods is not None:
+            parts[POOL_STATE] = _PoolPart(self)
+        parts[BUFFER_FILE] = RemotePart(self.buffer)
+        parts[SCHEDULER_PART] = self.scheduler
+        return RunParts(self.run_dir, self.storage, self.cfg.train.keep_checkpoints, self.learner, parts,
+                        final=(POOL_STATE,) if self.rods is not None else ())
+
     def checkpoint(self, step: int):
         """The run after ``step`` as ``checkpoint-<step>``, resumable (``checkpointing/checkpoint.py``)."""
-        return write_checkpoint(self, step, self.evals)
+        self.trajectories.checkpoint()
+        return write_checkpoint(self.run_parts(), step)
 
     def save(self, out_dir: Path) -> None:
         """Learner weights (+ the RODS pool as rods_pool.json) into ``out_dir``, with a manifest;
         with run.storage uploaded there too (``checkpointing/checkpoint.write_final``)."""
-        write_final(self, out_dir)
+        write_final(self.run_parts(), out_dir)
+
+    def _resume(self, ckpt: Checkpoint) -> None:
+        """Every part restored from ``ckpt``; what was restored appended to ``resumes.jsonl``."""
+        digest = restore(self.run_parts(), ckpt)
+        record = {"time": time.time(), "checkpoint": ckpt.path.name, "step": ckpt.step, "version": self.version,
+                  "steps": self.cfg.train.steps, "learner_digest_match": True, "learner_digest": digest,
+                  "buffer_groups": ray.get(self.buffer.stats.remote())["size"],
+                  "rollouts_in_flight": sum(len(call.result[1]) for call in self.scheduler.in_flight)}
+        with (self.run_dir / RESUMES_LOG).open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
 
     def shutdown(self, raise_errors: bool = True) -> None:
         """Flush and stop everything. Every part runs even when one before it fails; failures are
@@ -295,184 +329,16 @@ class Trainer:
             self.drain_pool_log()  # jobs that finished after the last step
 
 
-def train(cfg: Config, config_path: str | None = None, resume: str | Path | None = None,
-          run_dir: Path | None = None) -> dict:
-    """Run a training job end to end; returns the start/end held-out evaluations. ``run_dir``: the
-    new run's folder (default ``run.output_dir/<run.name>-<timestamp>``). A SIGTERM ends the run
-    after its current step with a checkpoint (``Preempted``; checkpointing/preemption.py). ``resume``: a run
-    folder to continue from its newest complete checkpoint (``cfg`` is its config.yaml, with the
-    overrides ``config/resume.py`` allows)."""
-    from agentrl.telemetry.report import write_report
+class _PoolPart:
+    """The RODS synthesis actor as a checkpoint part. Saving drains its events into
+    ``rods_pool.jsonl`` first, so the log holds everything up to the saved state."""
 
-    set_default_env()
-    resolve_model_path(cfg)  # a missing model or task set fails here: before a run folder exists or Ray starts
-    check_trackers(cfg.telemetry.loggers)  # and a tracker package that is not installed
-    checkpoint = open_checkpoint(resume, cfg) if resume is not None else None
-    tasks = load_task_sources(cfg, checkpoint)
-    run_dir = _make_run_dir(cfg, config_path, run_dir) if checkpoint is None else reopen_run_dir(checkpoint, cfg)
-    store = run_storage(cfg, run_dir)  # run.storage: the checkpoints, final/ and the logs go there
-    if store is not None:
-        sync_run_files(store, run_dir)
-        print(f"agentrl: run.storage: checkpoints, final/ and logs go to {store}", flush=True)
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
 
-    # Load torch's libraries before Ray starts: under `ray job submit --working-dir`, importing torch
-    # after ray.init() sometimes died with "oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"
-    # (4 of 17 tries), never when torch came first (0 of 8).
-    import torch  # noqa: F401
+    def state_dict(self) -> dict:
+        self.trainer.drain_pool_log()
+        return ray.get(self.trainer.rods.state_dict.remote())
 
-    owns_ray = init_ray(cfg)
-    t_start = time.perf_counter()
-    try:
-        trainer = Trainer(cfg, run_dir, tasks, resume=checkpoint)
-    except BaseException as err:
-        if owns_ray:
-            ray.shutdown()
-        _drop_if_bad_input(err, run_dir, fresh=checkpoint is None)
-        raise
-    try:
-        with StopOnSignal() as stop:
-            evals = _run(trainer, cfg, run_dir, t_start, stop)
-    except Preempted as err:
-        print(f"agentrl: {err}", flush=True)
-        _close(trainer, owns_ray, raise_errors=False)
-        _write_results(run_dir, trainer.evals, write_report, strict=False, store=store)
-        raise
-    except BaseException as err:
-        # the run's own error is what propagates; first what can be written is: the metrics so
-        # far (closed by shutdown), the evaluations done, the report
-        bad_input = find_plugin_error(err)  # the CLI prints it, once, and exits 2
-        if isinstance(err, ResumableFailure):
-            trainer.rollout_side.kill()  # a hung worker would never answer the shutdown below
-            again = ("run the same command with --resume auto to continue from the newest complete checkpoint"
-                     if cfg.train.checkpoint_every else "train.checkpoint_every=0: no checkpoint, a rerun starts over")
-            print(f"agentrl: the run stopped: {err}; {again}", flush=True)
-        elif bad_input is None:
-            print(f"error: the run failed: {type(err).__name__}: {err}", flush=True)
-        _close(trainer, owns_ray, raise_errors=False)
-        if not _drop_if_bad_input(err, run_dir, fresh=checkpoint is None):
-            _write_results(run_dir, trainer.evals, write_report, strict=False, store=store)
-        raise
-    _close(trainer, owns_ray)
-    _write_results(run_dir, evals, write_report, store=store)
-    print(f"training took {(time.perf_counter() - t_start) / 60:.1f} min; metrics in {run_dir}", flush=True)
-    _print_evals(evals)
-    return evals
-
-
-def _drop_if_bad_input(err: BaseException, run_dir: Path, fresh: bool) -> bool:
-    """After a plugin's bad input (``PluginError``, e.g. a reward that returned a string): a new run
-    folder without a checkpoint holds nothing worth keeping, so it is removed (True); one with a
-    checkpoint, or a resumed run's, is kept and marked with ``FAILED`` (its text: the error)."""
-    from agentrl.checkpointing.checkpoint import find_checkpoint
-
-    bad = find_plugin_error(err)
-    if bad is None:
-        return False
-    if fresh and find_checkpoint(run_dir) is None:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        print(f"agentrl: run folder {run_dir} removed: the run stopped on bad input before its first checkpoint",
-              flush=True)
-        return True
-    (run_dir / "FAILED").write_text(f"{bad}\n", encoding="utf-8")
-    return False
-
-
-def _close(trainer: Trainer, owns_ray: bool, raise_errors: bool = True) -> None:
-    try:
-        trainer.shutdown(raise_errors=raise_errors)
-    finally:
-        if owns_ray:
-            ray.shutdown()  # before the summary, so no actor log lands after the last line
-
-
-def _write_results(run_dir: Path, evals: dict, write_report, strict: bool = True, store=None) -> None:
-    """``evals.json`` and ``report.png``, then (run.storage: ``store``) the run's config, logs and
-    results uploaded; with ``strict=False`` (after a failure) a failing write is logged, not raised."""
-    writes = [("evals.json", lambda: (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))),
-              ("report.png", lambda: write_report(run_dir))]
-    if store is not None:
-        writes.append((f"the upload to {store}", lambda: sync_run_files(store, run_dir)))
-    for name, write in writes:
-        try:
-            write()
-        except Exception as err:  # noqa: BLE001 - logged when strict=False
-            if strict:
-                raise
-            print(f"warning: {name} not written: {type(err).__name__}: {err}", flush=True)
-
-
-def _make_run_dir(cfg: Config, config_path: str | None, run_dir: Path | None = None) -> Path:
-    """``run_dir``, default ``run.output_dir/<run.name>-<timestamp>/``, with the resolved config in it."""
-    if run_dir is None:
-        run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
-    print(f"agentrl: run {run_dir} (config {config_path or 'defaults'})", flush=True)
-    return run_dir
-
-
-def _run(trainer: Trainer, cfg: Config, run_dir: Path, t_start: float, stop: StopOnSignal) -> dict[str, dict[str, float]]:
-    """The evaluations, the steps and the checkpoints, from step 1 or after the resumed checkpoint;
-    returns the start/end evaluations. With train.checkpoint_every the last step is checkpointed
-    too, so ``--resume RUN train.steps=N`` can extend a finished run. When ``stop`` has seen a
-    signal, the run checkpoints after the step in progress and raises ``Preempted``."""
-    evals = trainer.evals
-    step = saved = trainer.start_step
-    if step == 0 and cfg.train.eval_at_start:
-        evals["start"] = start = _evaluate(trainer, 0)
-        print(f"held-out at start: success {start['success']:.2f} on {int(start['episodes'])} tasks "
-              f"({start['seconds']:.0f}s)", flush=True)
-    deadline = trainer.deadline = t_start + cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
-    _stop_if_signalled(trainer, stop, step, saved)
-    for step in range(trainer.start_step + 1, cfg.train.steps + 1):
-        m = trainer.step(step, last=step == cfg.train.steps)
-        trainer.metrics.log(step, m)
-        trainer.progress.update(step, m)
-        if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
-            _evaluate(trainer, step)
-        if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-            trainer.checkpoint(step)
-            saved = step
-        _stop_if_signalled(trainer, stop, step, saved)
-        if deadline and time.perf_counter() > deadline:
-            print(f"train.max_minutes reached after step {step}", flush=True)
-            break
-    trainer.progress.close()
-    # async: rollouts started for a step that will not run (the time limit fell during the
-    # update) finish before the engines get the final weights; they are discarded
-    trainer.settle(discard_pending=True)
-    if cfg.train.eval_at_end:
-        evals["end"] = _evaluate(trainer, step)
-    if cfg.train.checkpoint_every and saved != step:
-        trainer.checkpoint(step)
-    trainer.save(run_dir / "final")
-    return evals
-
-
-def _stop_if_signalled(trainer: Trainer, stop: StopOnSignal, step: int, saved: int) -> None:
-    """After ``step`` (0: before the first): on a signal, checkpoint (unless ``step`` is already
-    saved, or nothing was trained) and raise ``Preempted``."""
-    if stop.requested is None:
-        return
-    if step > saved:
-        trainer.checkpoint(step)
-    raise Preempted(step, stop.requested, checkpointed=step > 0)
-
-
-def _evaluate(trainer: Trainer, step: int) -> dict[str, float]:
-    """A held-out evaluation, logged as ``eval/*`` at ``step``."""
-    e = trainer.evaluate()
-    trainer.metrics.log(step, {f"eval/{k}": v for k, v in e.items()})
-    return e
-
-
-def _print_evals(evals: dict[str, dict[str, float]]) -> None:
-    """The two evaluation tables and the last line, ``held-out success: START -> END``."""
-
-    if evals:
-        eval_table("held-out evaluation (greedy)",
-                   {row: {k: v for k, v in e.items() if "/" not in k} for row, e in evals.items()})
-        eval_table("held-out success by category, and behaviour rates", {
-            row: {k: v for k, v in e.items() if "/" in k} for row, e in evals.items()})
-    if "start" in evals and "end" in evals:
-        print(f"held-out success: {evals['start']['success']:.2f} -> {evals['end']['success']:.2f}", flush=True)
+    def load_state_dict(self, state: dict) -> None:
+        ray.get(self.trainer.rods.load_state_dict.remote(state))
