@@ -65,14 +65,17 @@ def test_config_error_path_imports_no_torch_or_ray(tmp_path):
     assert res.stdout.strip() == "2 []", res.stderr
 
 
-def test_import_sets_offline_and_cache_defaults(tmp_path):
+def test_import_changes_no_environment_and_main_sets_the_defaults(tmp_path):
+    """Importing agentrl.cli leaves os.environ alone (a library user's process is not changed
+    behind its back); running a command fills in the offline and cache defaults first."""
     env = {k: v for k, v in os.environ.items()
            if k not in {"AGENTRL_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", *CACHE_DIRS}}
     env["TRITON_CACHE_DIR"] = "/custom/triton"
-    code = "import json, os, agentrl.cli; print(json.dumps(dict(os.environ)))"
-    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=60)
-    seen = json.loads(res.stdout)
+    code = ("import json, os, agentrl.cli as cli; before = dict(os.environ); rc = cli.main(['train']); "
+            "print(json.dumps([rc, before, dict(os.environ)]))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    rc, before, seen = json.loads(res.stdout)
+    assert before == env and rc == 2  # `agentrl train` without a config: bad input
     cache = tmp_path.resolve() / ".cache"
     assert seen["HF_HUB_OFFLINE"] == "1" and seen["TRANSFORMERS_OFFLINE"] == "1"
     assert seen["HF_HOME"] == str(cache / "hf")

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from agentrl.config import load_config
+from agentrl.config import InputError, load_config
 from agentrl.driver.cluster import embedded_cpus, resolve_model_path, shard
 
 
@@ -27,7 +27,7 @@ def test_embedded_cpus_cover_what_the_actors_ask_for():
 
 
 def test_resolve_model_path_names_the_missing_model(tmp_path):
-    with pytest.raises(SystemExit, match="model.path: no model at"):
+    with pytest.raises(InputError, match="model.path: no model at"):
         resolve_model_path(load_config(None, [f"model.path={tmp_path}"]))
     (tmp_path / "config.json").write_text("{}")
     assert resolve_model_path(load_config(None, [f"model.path={tmp_path}"])) == str(tmp_path.resolve())

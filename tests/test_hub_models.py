@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from agentrl.cli import main
-from agentrl.config import load_config
+from agentrl.config import InputError, load_config
 from agentrl.config.process_env import CACHE_DIRS, set_default_env
 from agentrl.driver.cluster import resolve_model_path
 from agentrl.models.hub import parse_hub_id
@@ -156,7 +156,7 @@ def test_download_is_off_by_default(local_hub, tmp_path):
     """Without HF_HUB_OFFLINE=0 the hub is never asked; the error names the cache and the command."""
     before = len(local_hub.requests)
     res = resolve_in_process(REPO_ID, hub_env(tmp_path / "hf", HF_ENDPOINT=local_hub.url))
-    assert res.returncode == 1 and not res.stdout  # SystemExit(str) outside the CLI: exit 1, message on stderr
+    assert res.returncode == 1 and not res.stdout  # an InputError outside the CLI: exit 1, message on stderr
     err = res.stderr.strip().splitlines()[-1]
     assert f"no hub model {REPO_ID} in the Hugging Face cache" in err
     assert str(tmp_path / "hf" / "hub" / "models--agentrl-test--tiny-agent") in err
@@ -187,7 +187,7 @@ def test_cached_id_resolves_offline_to_a_loadable_model(hf_home, local_hub, monk
     for spec in (REPO_ID, f"{REPO_ID}@main", f"{REPO_ID}@{COMMIT}"):
         assert resolve_model_path(load_config(None, [f"model.path={spec}"])) == str(snapshot(hf_home))
     assert len(local_hub.requests) == before
-    with pytest.raises(SystemExit, match=f"no hub model {REPO_ID} at revision v2"):
+    with pytest.raises(InputError, match=f"no hub model {REPO_ID} at revision v2"):
         resolve_model_path(load_config(None, [f"model.path={REPO_ID}@v2"]))
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -204,7 +204,7 @@ def test_the_users_hf_home_and_hub_cache_are_kept(hf_home, tmp_path, monkeypatch
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     set_default_env(tmp_path)
     assert os.environ["HF_HOME"] == str(hf_home)
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(InputError) as err:
         resolve_model_path(load_config(None, ["model.path=org/missing"]))
     assert f"{hf_home / 'hub' / 'models--org--missing'} (HF_HOME={hf_home})" in str(err.value)
     assert "xdg" not in str(err.value)
@@ -227,7 +227,7 @@ def test_agentrl_default_hf_home_falls_back_to_the_hubs_default_cache(hf_home, t
     user_cache = tmp_path / "xdg" / "huggingface" / "hub"
     shutil.copytree(hf_home / "hub", user_cache, symlinks=True)
     assert resolve_model_path(load_config(None, [f"model.path={REPO_ID}"])).startswith(str(user_cache))
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(InputError) as err:
         resolve_model_path(load_config(None, ["model.path=org/missing"]))
     assert str(root / "hf" / "hub" / "models--org--missing") in str(err.value)
     assert str(user_cache / "models--org--missing") in str(err.value)

@@ -19,7 +19,7 @@ import pytest
 
 from agentrl.api import Episode, EpisodeGroup
 from agentrl.cli import main
-from agentrl.config import ConfigError, dump_config, load_config
+from agentrl.config import ConfigError, InputError, dump_config, load_config
 from agentrl.config.resume import changed_keys, load_resume_config, resumable
 from agentrl.telemetry.metrics import METRICS_FILE, MetricsSink, keep_steps_through
 
@@ -206,7 +206,7 @@ def test_task_sampler_resumes_its_draws(fresh):
     b.load_state_dict(state)
     assert [[t.id for t in a.next(2)] for _ in range(4)] == [[t.id for t in b.next(2)] for _ in range(4)]
     if not fresh:
-        with pytest.raises(SystemExit, match="tasks.train: the training tasks are not the ones"):
+        with pytest.raises(InputError, match="tasks.train: the training tasks are not the ones"):
             TaskSampler(cfg, _tasks(4), set()).load_state_dict(state)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.checkpointing.storage import MANIFEST, ChecksumError, Storage
+from agentrl.config import InputError
 
 CREDENTIALS = "testing:testing"  # moto accepts any; given in the URI, so no AWS SDK lookup leaves the host
 
@@ -167,7 +168,7 @@ def test_local_run_folder_needs_a_manifest_or_is_an_old_checkpoint(tmp_path, cap
     assert ckpt.step == 2 and ckpt.manifest is None and "has no manifest.json" in capsys.readouterr().out
     (run / "checkpoint-4" / "learner" / "extra.pt").write_bytes(b"e" * 8)
     (run / "checkpoint-4" / "replay_buffer.msgpack").write_bytes(b"\x91")  # same size, other bytes
-    with pytest.raises(SystemExit, match=r"error: --resume .*checkpoint-4/replay_buffer.msgpack: 1 bytes"):
+    with pytest.raises(InputError, match=r"--resume .*checkpoint-4/replay_buffer.msgpack: 1 bytes"):
         open_checkpoint(run, cfg)
 
 
@@ -176,10 +177,10 @@ def test_a_restored_digest_that_differs_is_an_error():
 
     saved = {"module": "a" * 64, "optimizer": "b" * 64, "rng@rank1": "c" * 64}
     check_digest(saved, dict(saved), "checkpoint-2")
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(InputError) as err:
         check_digest(saved, {**saved, "optimizer": "d" * 64, "rng@rank1": "e" * 64}, "checkpoint-2")
-    text = str(err.value.code)
-    assert text.startswith("error: --resume: the learner state restored from checkpoint-2 is not the one saved")
+    text = str(err.value)
+    assert text.startswith("--resume: the learner state restored from checkpoint-2 is not the one saved")
     assert "optimizer (saved bbbbbbbbbbbb, restored dddddddddddd)" in text and "rng@rank1 (saved cccc" in text
     assert "module" not in text
 

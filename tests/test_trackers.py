@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.config import dump_config, load_config
+from agentrl.config import InputError, dump_config, load_config
 from agentrl.telemetry import trackers
 from agentrl.telemetry.metrics import METRICS_FILE, MetricsSink
 from agentrl.telemetry.report import read_metrics
@@ -244,9 +244,9 @@ def test_a_resumed_wandb_run_is_sent_the_redone_steps_with_the_resumed_values(tr
 def test_a_missing_tracker_package_names_the_extra_before_any_file(tracker_env, monkeypatch):
     monkeypatch.setitem(trackers.PACKAGES, "wandb", ("agentrl_test_no_such_module", "wandb"))
     run_dir, cfg = run_folder(tracker_env, "[mlflow, wandb]")
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(InputError) as err:
         MetricsSink(run_dir, cfg.telemetry, cfg.run.name)
-    assert str(err.value.code) == ("error: telemetry.loggers: wandb (pip package wandb) not installed: "
+    assert str(err.value) == ("telemetry.loggers: wandb (pip package wandb) not installed: "
                                    "pip install -e '.[trackers]' in the agentrl clone (the agentrl on PyPI is another "
                                    "project)")
     assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml"]

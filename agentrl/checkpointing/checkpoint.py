@@ -46,7 +46,7 @@ import ray
 
 from agentrl.checkpointing.records import Stateful, pack, unpack
 from agentrl.checkpointing.storage import MANIFEST, ChecksumError, Storage
-from agentrl.config import Config, dump_config
+from agentrl.config import Config, InputError, dump_config
 from agentrl.telemetry.metrics import keep_steps_through
 from agentrl.telemetry.trajectories import TRAJECTORY_DIR, discard_after
 
@@ -174,7 +174,7 @@ def open_checkpoint(run_dir: str | Path, cfg: Config) -> Checkpoint:
         return _open_stored(Path(run_dir), store, cfg)
     path = find_checkpoint(run_dir)
     if path is None:
-        raise SystemExit(f"error: --resume {run_dir}: no complete checkpoint (a checkpoint-<step>/ folder whose "
+        raise InputError(f"--resume {run_dir}: no complete checkpoint (a checkpoint-<step>/ folder whose "
                          f"{MANIFEST} lists parts that are all there); runs write them every train.checkpoint_every steps")
     state = _read_state(path, cfg)
     source = Storage(path)
@@ -190,7 +190,7 @@ def open_checkpoint(run_dir: str | Path, cfg: Config) -> Checkpoint:
 def _open_stored(run_dir: Path, store: Storage, cfg: Config) -> Checkpoint:
     steps = store.complete_numbered(PREFIX)
     if not steps:
-        raise SystemExit(f"error: --resume {run_dir}: no complete checkpoint in {store} (a checkpoint-<step>/ folder "
+        raise InputError(f"--resume {run_dir}: no complete checkpoint in {store} (a checkpoint-<step>/ folder "
                          f"whose {MANIFEST} lists parts that are all there); runs write them every "
                          "train.checkpoint_every steps")
     name = f"{PREFIX}{steps[-1]}"
@@ -212,20 +212,20 @@ def _open_stored(run_dir: Path, store: Storage, cfg: Config) -> Checkpoint:
 def _read_state(path: Path, cfg: Config) -> dict:
     state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     if state.get("format") not in READS:
-        raise SystemExit(f"error: --resume {path.parent}: {path / STATE_FILE} has format {state.get('format')!r}; "
+        raise InputError(f"--resume {path.parent}: {path / STATE_FILE} has format {state.get('format')!r}; "
                          f"this agentrl reads formats {', '.join(map(str, READS))}")
     if cfg.train.steps < state["step"]:
-        raise SystemExit(f"error: train.steps={cfg.train.steps}: {path.name} is already at step {state['step']}; "
+        raise InputError(f"train.steps={cfg.train.steps}: {path.name} is already at step {state['step']}; "
                          "give train.steps >= that to continue the run")
     return state
 
 
 def _checked(run_dir, read):
-    """``read()``; a part that is not its manifest's ends the resume (SystemExit naming it)."""
+    """``read()``; a part that is not its manifest's ends the resume (``InputError`` naming it)."""
     try:
         return read()
     except ChecksumError as err:
-        raise SystemExit(f"error: --resume {run_dir}: {getattr(err, 'cause', err)}") from None
+        raise InputError(f"--resume {run_dir}: {getattr(err, 'cause', err)}") from None
 
 
 # ---------------------------------------------------------------- writing one
@@ -406,13 +406,13 @@ def restore(run: RunParts, ckpt: Checkpoint) -> dict[str, str]:
 
 
 def check_digest(saved: dict[str, str], restored: dict[str, str], name: str) -> None:
-    """The restored learner holds what ``name`` saved, bit for bit; else SystemExit naming each part
+    """The restored learner holds what ``name`` saved, bit for bit; else ``InputError`` naming each part
     that differs, with both digests' values."""
     if restored == saved:
         return
     differ = sorted(k for k in saved.keys() | restored.keys() if saved.get(k) != restored.get(k))
     shown = ", ".join(f"{k} (saved {str(saved.get(k))[:12]}, restored {str(restored.get(k))[:12]})" for k in differ)
-    raise SystemExit(f"error: --resume: the learner state restored from {name} is not the one saved: {shown}")
+    raise InputError(f"--resume: the learner state restored from {name} is not the one saved: {shown}")
 
 
 def engine_seed_rollout_cfg(cfg: Config, step: int):

@@ -18,13 +18,11 @@ from agentrl import __version__
 from agentrl.checkpointing.preemption import EXIT_PREEMPTED, Preempted, ResumableFailure
 from agentrl.cli._common import fail as _fail
 from agentrl.cli.make_model import add_make_model_parser
+from agentrl.config import InputError
 from agentrl.config.process_env import set_default_env
 from agentrl.envs.plugins import find_plugin_error
 from agentrl.telemetry.trajectories import TrajectoryError, read_trajectories
 from agentrl.telemetry.transcript import print_episodes
-
-# Before anything can import transformers/vLLM: offline hubs, caches under ./.cache, CPU DeepSpeed.
-set_default_env()
 
 EXAMPLES = """\
 examples:
@@ -76,17 +74,13 @@ def _run(fn, *args, **kwargs) -> int:
     """``fn`` (a run); 2 when the runtime stops on bad input.
 
     The driver and driver/cluster.py check the model path, the task files and the RODS state
-    before a run folder or Ray exists, and stop with ``SystemExit("error: <key>: <reason>")``;
-    an exit code given as a string would be 1, and bad input is 2 here. So is a plugin's
-    ``PluginError`` (a reward's bad value, a tool exception under rollout.on_tool_error=fail),
-    wherever it was raised: its message alone is printed."""
+    before a run folder or Ray exists, and stop with ``InputError("<key>: <reason>")``. So is a
+    plugin's ``PluginError`` (a reward's bad value, a tool exception under
+    rollout.on_tool_error=fail), wherever it was raised: its message alone is printed."""
     try:
         fn(*args, **kwargs)
-    except SystemExit as err:
-        if not isinstance(err.code, str):
-            raise
-        print(err.code, file=sys.stderr)
-        return 2
+    except InputError as err:
+        return _fail(err)
     except (Preempted, ResumableFailure):
         return EXIT_PREEMPTED  # the driver printed what was saved and how to continue
     except Exception as err:
@@ -453,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
     args = build_parser().parse_args(argv)
+    set_default_env()  # before any command imports transformers/vLLM: offline hubs, caches under ./.cache, CPU DeepSpeed
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -29,7 +29,13 @@ from agentrl.config.schema import Config
 Loc = tuple[Any, ...]  # a location in the config tree: section/field names, list indices
 
 
-class ConfigError(Exception):
+class InputError(Exception):
+    """Bad input found when a run starts or resumes, named by its key, file or run folder: a
+    missing model, an unreadable task file, a checkpoint that cannot be resumed. The CLI prints
+    ``error: <message>`` and exits 2; Python callers catch it like any other exception."""
+
+
+class ConfigError(InputError):
     """A config that cannot be loaded; ``key``: the dotted key at fault, ``file``: the YAML file."""
 
     def __init__(self, message: str, *, key: str | None = None, file: str | None = None,

@@ -25,7 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from agentrl.agent.chat import with_template_text
 from agentrl.api import EXPLORER, POLICY, GroupRef, GroupSummary
 from agentrl.checkpointing.preemption import NOTICE_HOOK
-from agentrl.config import Config
+from agentrl.config import Config, InputError
 from agentrl.config.schema import explorer_group_size
 from agentrl.models.hub import HubModelError, parse_hub_id, resolve_hub_model
 from agentrl.planning.cluster_shape import embedded_cpus
@@ -62,13 +62,13 @@ def resolve_model_path(cfg: Config) -> str:
         try:
             return str(resolve_hub_model(cfg.model.path))
         except HubModelError as err:
-            raise SystemExit(f"error: model.path: no model folder at {path}{where}, and {err}") from None
+            raise InputError(f"model.path: no model folder at {path}{where}, and {err}") from None
     hint = ""
     if path.parts[-3:] == ("agentrl", "assets", "tiny-agent"):  # the quickstart's: relative to the repo root
         hint = " Run from the repository root, where the shipped model is."
     elif "tiny-agent" in str(path):
         hint = " Build it with `agentrl make-model`."
-    raise SystemExit(f"error: model.path: no model at {path}{where}.{hint}")
+    raise InputError(f"model.path: no model at {path}{where}.{hint}")
 
 
 @dataclass

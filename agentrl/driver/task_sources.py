@@ -12,7 +12,7 @@ import json
 import random
 from pathlib import Path
 
-from agentrl.config import Config
+from agentrl.config import Config, InputError
 from agentrl.envs.builtin.generator import generate_tasks
 
 
@@ -50,7 +50,7 @@ class TaskSampler:
 
     def load_state_dict(self, state: dict) -> None:
         if state["task_ids"] != [t.id for t in self.tasks]:
-            raise SystemExit("error: tasks.train: the training tasks are not the ones the checkpoint was drawn from "
+            raise InputError("tasks.train: the training tasks are not the ones the checkpoint was drawn from "
                              f"({len(state['task_ids'])} tasks then, {len(self.tasks)} now, or in another order)")
         self.rng.setstate(_tupled(state["rng"]))
         self.order = [self.tasks[i] for i in state["order"]]
@@ -79,16 +79,16 @@ def load_task_sources(cfg: Config, resuming: bool = False) -> dict[str, list]:
         try:
             tasks = loaded[key] = resolve_task_sources(getattr(cfg.tasks, key))
         except (TaskFileError, ValueError, RuntimeError) as err:
-            raise SystemExit(f"error: tasks.{key}: {err}") from None
+            raise InputError(f"tasks.{key}: {err}") from None
         n_sgls = sum(t.backend == "sgls" for t in tasks)
         if n_sgls and cfg.tools.sgls is None:
-            raise SystemExit(f"error: tasks.{key}: {n_sgls} tasks use backend 'sgls' (LLM-simulated tools) but "
+            raise InputError(f"tasks.{key}: {n_sgls} tasks use backend 'sgls' (LLM-simulated tools) but "
                              "tools.sgls is not set (give it model_path or endpoint)")
     if cfg.rods.enabled and cfg.rods.resume_from and not resuming:
         try:
             loaded["rods_state"] = json.loads(Path(cfg.rods.resume_from).read_text())
         except (OSError, ValueError) as err:
-            raise SystemExit(f"error: rods.resume_from: cannot read the pool state {cfg.rods.resume_from}: {err}") from None
+            raise InputError(f"rods.resume_from: cannot read the pool state {cfg.rods.resume_from}: {err}") from None
     return loaded
 
 
@@ -100,7 +100,7 @@ def start_synthesis_actor(cfg: Config, tasks: dict[str, list], heldout: list, re
     from agentrl.driver.synthesis_actor import SynthesisActor
 
     if not tasks["train"] and "rods_state" not in tasks and not resuming:
-        raise SystemExit("error: rods.enabled: RODS needs seed tasks: tasks.train is empty and rods.resume_from "
+        raise InputError("rods.enabled: RODS needs seed tasks: tasks.train is empty and rods.resume_from "
                          "names no saved pool")
     heldout_texts = frozenset(turn.user for t in heldout for turn in t.turns)
     return SynthesisActor.options(num_cpus=cfg.rods.num_cpus, num_gpus=cfg.rods.num_gpus).remote(

@@ -41,6 +41,8 @@ from typing import Any
 
 import yaml
 
+from agentrl.config import InputError
+
 IDS_FILE = "trackers.json"
 CONFIG_FILE = "config.yaml"  # written by the driver (driver/trainer.py) before the sink exists
 DEFAULT_PROJECT = "agentrl"
@@ -50,9 +52,9 @@ SQL_STORE = [("sqlalchemy", "sqlalchemy"), ("alembic", "alembic")]  # MLflow's S
 PARAM_CHARS = 500  # older MLflow servers refuse longer param values; the whole config is an artifact
 
 
-class TrackerUnavailable(SystemExit):
-    """A configured tracker's package is missing. A ``SystemExit`` with the message, as the
-    runtime's other bad-input errors are: the CLI prints it and exits 2."""
+class TrackerUnavailable(InputError):
+    """A configured tracker's package is missing: bad input like the runtime's others (the CLI
+    prints it and exits 2)."""
 
 
 def check_trackers(names: Iterable[str]) -> None:
@@ -65,7 +67,7 @@ def check_trackers(names: Iterable[str]) -> None:
             needed += SQL_STORE
         missing += [f"{name} (pip package {pip})" for module, pip in needed if importlib.util.find_spec(module) is None]
     if missing:
-        raise TrackerUnavailable(f"error: telemetry.loggers: {', '.join(missing)} not installed: "
+        raise TrackerUnavailable(f"telemetry.loggers: {', '.join(missing)} not installed: "
                                  "pip install -e '.[trackers]' in the agentrl clone (the agentrl on PyPI is another "
                                  "project)")
 
