@@ -10,9 +10,18 @@ keeps the per-turn checks against its gold plans (docs/design.md §3).
 with their observations; ``answers``: the message that closed each turn; ``termination``; and so
 on, docs/design.md §2) and the ``Task`` (its ``metadata`` holds whatever the function needs, e.g.
 the expected end state). It returns the outcome in [0, 1] (a float or bool) or a ``Score`` with
-an optional process score in [0, 1] for partial credit. ``final_backend(episode, task)`` gives
-the backend's end state: the session is gone when the episode is scored (it may have lived on
-a tool-pool actor), so it replays the episode's calls into a fresh one.
+an optional process score in [0, 1] for partial credit.
+
+Two ways to read the backend's end state:
+
+* replay: ``final_backend(episode, task)`` replays the episode's calls into a fresh session. The
+  reward runs on the rollout worker after the episode's session closed; the backend must be
+  deterministic (checked), and every call runs twice;
+* live session: ``register_reward(name, fn, live_session=True)`` makes the call
+  ``fn(episode, task, session)`` with the plugin's own object the episode's calls ran against,
+  before it is closed, where it lives (``envs.session.LocalEnvSession.score``: a thread of the
+  rollout worker under ``tools.placement: in_process``, the tool-pool actor under ``pool``). For
+  a backend in front of a real service, or one whose answers carry ids or timestamps.
 
 ``rewards/scoring.py: score_episode`` dispatches here. This module also checks, when task files
 are loaded, that every reward a task names (itself or through its backend) is registered.
@@ -29,7 +38,7 @@ from pydantic import AfterValidator
 
 from agentrl.envs.checker import canonical
 from agentrl.envs.plugins import PluginError, PluginList, config_plugins, load_env_plugins, plugin_where, plugins_hint
-from agentrl.envs.registry import default_reward, make_backend
+from agentrl.envs.registry import PluginSession, default_reward, make_backend
 from agentrl.tasks.io import register_task_hook
 from agentrl.tasks.schema import Task, ToolCall
 
@@ -47,22 +56,32 @@ class Score:
     process: float | None = None
 
 
-RewardFn = Callable[[Any, Task], "float | bool | Score"]
+RewardFn = Callable[..., "float | bool | Score"]  # (episode, task), or (episode, task, session) when live
 _REWARDS: dict[str, RewardFn] = {}
+_LIVE_SESSION: set[str] = set()  # the rewards registered with live_session=True
 
 
-def register_reward(name: str, fn: RewardFn) -> RewardFn:
+def register_reward(name: str, fn: RewardFn, live_session: bool = False) -> RewardFn:
     """Make ``task.reward == name`` (or a backend's ``reward=name``) score with ``fn``; returns
-    ``fn``. A different function under a taken name is an error; the same function again (its
-    module imported a second time, e.g. once per config validation) replaces the entry."""
+    ``fn``. ``live_session``: ``fn(episode, task, session)`` reads the session the episode ran in
+    (module docstring); otherwise ``fn(episode, task)``. A different function under a taken name
+    is an error; the same function again (its module imported a second time, e.g. once per
+    config validation) replaces the entry."""
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"register_reward: name must be a non-empty string, got {name!r}")
     if not callable(fn):
-        raise TypeError(f"register_reward({name!r}): fn must be callable (episode, task) -> outcome or Score")
+        raise TypeError(f"register_reward({name!r}): fn must be callable (episode, task{', session' * live_session}) "
+                        "-> outcome or Score")
+    if not isinstance(live_session, bool):
+        raise TypeError(f"register_reward({name!r}): live_session must be True or False, got {live_session!r}")
     old = _REWARDS.get(name)
     if old is not None and _where(old) != _where(fn):
         raise ValueError(f"reward {name!r} is already registered by {_where(old)}; pick another name for {_where(fn)}")
     _REWARDS[name] = fn
+    if live_session:
+        _LIVE_SESSION.add(name)
+    else:
+        _LIVE_SESSION.discard(name)
     return fn
 
 
@@ -97,17 +116,38 @@ def reward_name(task: Task) -> str | None:
     return task.reward or default_reward(task.backend, task.id)
 
 
-def run_reward(name: str, episode: Any, task: Task) -> tuple[float, float]:
+def reads_live_session(name: str, task_id: Any = None) -> bool:
+    """Whether reward ``name`` was registered with ``live_session=True``."""
+    get_reward(name, task_id)  # imports AGENTRL_PLUGINS when it is not registered yet
+    return name in _LIVE_SESSION
+
+
+def run_reward(name: str, episode: Any, task: Task, session: Any = None) -> tuple[float, float]:
     """(outcome, process) of ``episode`` by reward function ``name``, checked to be numbers in
     [0, 1]. A function that raises, or returns anything else, stops the rollout with a
     ``PluginError`` naming the reward, the task and the plugin's file and line (the CLI prints it
-    and exits 2): training on a score that was never computed would be worse."""
+    and exits 2): training on a score that was never computed would be worse.
+
+    ``session``: the episode's own session (what ``make_backend`` returned, not yet closed), for a
+    ``live_session`` reward. Without one (the idle check of docs/own_tools.md, a test) such a
+    reward reads ``final_backend``'s replay, closed afterwards; a reward that replays ignores it."""
     fn = get_reward(name, task.id)
+    replayed = None
     try:
-        result = fn(episode, task)
+        if name not in _LIVE_SESSION:
+            result = fn(episode, task)
+        elif session is None:
+            replayed = final_backend(episode, task)
+            result = fn(episode, task, replayed)
+        else:  # the plugin's own object, as final_backend returns it
+            result = fn(episode, task, session.backend if isinstance(session, PluginSession) else session)
     except Exception as err:
         raise PluginError(f"reward {name!r} ({_name(fn)}, {plugin_where(err, fn)}) failed on task {task.id!r}: "
                           f"{type(err).__name__}: {err}") from err
+    finally:
+        close = getattr(replayed, "close", None)  # the replayed copy is ours to close
+        if close is not None:
+            close()
     outcome, process = (result.outcome, result.process) if isinstance(result, Score) else (result, None)
     outcome = _unit(outcome, name, fn, task, "outcome")
     return outcome, outcome if process is None else _unit(process, name, fn, task, "process")
@@ -135,7 +175,9 @@ def final_backend(episode: Any, task: Task) -> Any:
     every call of the episode executed again, in order. Returns the plugin's own object (for the
     ``call`` contract; the session itself otherwise). The backend must be deterministic (the same
     calls give the same observations), which is checked: a replay that sees another observation
-    than the episode did raises, since the state it reached is not the episode's."""
+    than the episode did raises, since the state it reached is not the episode's. A backend that
+    is not deterministic (a real service, ids or timestamps in its answers) is scored by a reward
+    registered with ``live_session=True`` instead (module docstring)."""
     session = make_backend(task)
     for u, turn in enumerate(episode.calls):
         for i, logged in enumerate(turn):
@@ -143,7 +185,8 @@ def final_backend(episode: Any, task: Task) -> Any:
             if canonical(seen) != canonical(logged.get("observation")):
                 raise ValueError(f"task {task.id!r}: backend {task.backend!r} is not deterministic: replaying call {i} "
                                  f"of turn {u} ({logged['name']}) returned {canonical(seen)[:120]}, the episode saw "
-                                 f"{canonical(logged.get('observation'))[:120]}")
+                                 f"{canonical(logged.get('observation'))[:120]}; a reward registered with "
+                                 "live_session=True reads the episode's own session instead of a replay")
     return getattr(session, "backend", session)
 
 
@@ -173,5 +216,5 @@ register_task_hook("rewards.reward", _task_hook)
 # lives here so that the config, by importing it, also registers the reward check on task files.
 AS_PLUGINS = AfterValidator(config_plugins)
 
-__all__ = ["AS_PLUGINS", "PluginList", "Score", "final_backend", "get_reward", "idle_episode", "register_reward",
-           "reward_name", "reward_names", "run_reward"]
+__all__ = ["AS_PLUGINS", "PluginList", "Score", "final_backend", "get_reward", "idle_episode", "reads_live_session",
+           "register_reward", "reward_name", "reward_names", "run_reward"]

@@ -48,17 +48,20 @@ def seen_context(task: Task, calls_log: list[list[dict]]) -> str:
 
 
 def score_episode(ep: Any, task: Task, summary: str = "rule", summary_max_chars: int = 400,
-                  weights: HierRWeights = HierRWeights()) -> dict[str, float]:
+                  weights: HierRWeights = HierRWeights(), function_score: tuple[float, float] | None = None
+                  ) -> dict[str, float]:
     """Fill ``ep.rewards`` (an ``agent.episode.Episode``) and return it.
 
     ``summary`` is "rule" or "none" here; "judge" scores are filled in by the caller (it needs an
     endpoint), which then calls ``apply_summary``. A task scored by a reward function is
-    dispatched to it (module docstring).
+    dispatched to it (module docstring), unless ``function_score`` gives its (outcome, process)
+    already: a reward that reads the live session ran where the session was, before it closed
+    (``rollout.worker``).
     """
     r = ep.rewards
     name = reward_name(task)
     if name is not None:
-        _score_by_function(ep, task, name)
+        _score_by_function(ep, task, name, function_score)
     else:
         _score_by_checks(ep, task, weights)
     if summary == "rule":
@@ -67,8 +70,8 @@ def score_episode(ep: Any, task: Task, summary: str = "rule", summary_max_chars:
     return r
 
 
-def _score_by_function(ep: Any, task: Task, name: str) -> None:
-    outcome, process = run_reward(name, ep, task)
+def _score_by_function(ep: Any, task: Task, name: str, given: tuple[float, float] | None) -> None:
+    outcome, process = given if given is not None else run_reward(name, ep, task)
     r = ep.rewards
     r["outcome"], r["progress"], r["process"] = outcome, process, process
     fmt = ep.n_valid_calls / ep.n_call_blocks if ep.n_call_blocks else 1.0  # no calls, no malformed ones

@@ -8,7 +8,9 @@ what the backends can do (docs/benchmarks.md, "Tool pool").
 ``pool``: every session lives on one of M Ray actors (chosen by hashing the session id, so every
 call of an episode lands on the actor that holds its state); this isolates heavy or unsafe
 backends from the engine process. Actors are threaded (``max_concurrency``): Ray queues calls
-beyond that limit at the actor, which is the back-pressure — no unbounded queue in ours.
+beyond that limit at the actor, which is the back-pressure — no unbounded queue in ours. A reward
+that reads the live session (``register_reward(..., live_session=True)``) runs there too, before
+the session closes: the episode is sent to the actor, its score comes back.
 
 Tasks with backend "sgls" always go to the actors, whatever the placement: only they reach the
 run's one SGLS server, whose cache must be shared by every episode of the cluster.
@@ -65,6 +67,11 @@ class ToolBackendActor:
 
     def tool_errors(self, session_id: str) -> list[dict]:
         return self._session(session_id).tool_errors_sync()
+
+    def score(self, session_id: str, episode) -> tuple[float, float]:
+        """The episode scored by a reward that reads its live session, which is here (the
+        reward's module is a plugin this actor imported); in one of the actor's threads."""
+        return self._session(session_id).score_sync(episode)
 
     def close(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)
@@ -125,6 +132,12 @@ class RemoteEnvSession:
         """The session's tool exceptions (``LocalEnvSession.tool_errors``)."""
         return await _remote(self.actor.tool_errors.remote(self.session_id), self.actor,
                              f"tool_errors (session {self.session_id})", self.timeout_s)
+
+    async def score(self, episode) -> tuple[float, float]:
+        """``LocalEnvSession.score`` on the actor that holds the session: the episode travels there,
+        the (outcome, process) pair comes back."""
+        return await _remote(self.actor.score.remote(self.session_id, episode), self.actor,
+                             f"the reward (session {self.session_id})", self.timeout_s)
 
     async def close(self) -> None:
         try:

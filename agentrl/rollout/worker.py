@@ -27,7 +27,7 @@ from agentrl.config.process_env import set_default_env
 from agentrl.envs.plugins import PluginError
 from agentrl.rewards.behaviours import episode_behaviours
 from agentrl.rewards.hierr import HierRWeights
-from agentrl.rewards.registry import reward_name
+from agentrl.rewards.registry import reads_live_session, reward_name
 from agentrl.rewards.scoring import apply_summary, score_episode, seen_context
 from agentrl.rewards.summary import episode_summary_reward
 from agentrl.rollout.tool_pool import ToolPool
@@ -191,13 +191,32 @@ class RolloutWorker:
             self.judge = ChatClient(LLMEndpoint.from_config(rc.judge))
         return time.perf_counter() - t0
 
-    def _score(self, ep: Episode, task: Task) -> None:
+    def _score(self, ep: Episode, task: Task, function_score: tuple[float, float] | None) -> None:
+        """Every reward of ``ep``. A reward function that replays (``final_backend``) runs here, on
+        the event loop (known: a slow replay holds every episode of this worker meanwhile);
+        ``function_score`` is what a live-session reward gave (``_score_live``)."""
         rc = self.rewards_cfg
         if rc is None:  # standalone use (tests): the default rewards
-            score_episode(ep, task)
+            score_episode(ep, task, function_score=function_score)
             return
         score_episode(ep, task, summary="none" if rc.summary == "judge" else rc.summary,
-                      summary_max_chars=rc.summary_max_chars, weights=self.hierr)
+                      summary_max_chars=rc.summary_max_chars, weights=self.hierr, function_score=function_score)
+
+    async def _score_live(self, session, ep: Episode, task: Task) -> tuple[float, float] | None:
+        """(outcome, process) by the task's reward when it reads the live session
+        (``register_reward(..., live_session=True)``): taken before the session closes, where the
+        session is, off this event loop (a thread here under ``in_process``, the tool-pool actor
+        under ``pool``). None when the task's reward replays, or there is none: ``_score`` then."""
+        name = reward_name(task)
+        if name is None or not reads_live_session(name, task.id):
+            return None
+        if ep.termination != ENV_ERROR:
+            try:
+                return await session.score(ep)
+            except EnvError as err:  # its tool actor died or timed out while scoring: the environment failed
+                print(f"scoring failed: {err}", flush=True)
+                ep.termination = ENV_ERROR
+        return 0.0, 0.0  # no session left to read; the episode is dropped from training, failed in evaluation
 
     async def _judge(self, ep: Episode, task: Task) -> None:
         """R_sum from the LLM judge: mean rating of the turn answers (unanswered turns score 0).
@@ -237,14 +256,15 @@ class RolloutWorker:
                     ep.tool_errors = await session.tool_errors()
                 except EnvError:  # the tool actor died after the episode: its records went with it
                     pass
+            if ep.tool_errors and getattr(self.cfg, "on_tool_error", "record") == "fail":
+                raise PluginError(f"{tool_error_line(task.id, ep.tool_errors[0])} (backend {task.backend!r}; "
+                                  "rollout.on_tool_error=fail stops here; record lets the model read it as an error)")
+            live_score = await self._score_live(session, ep, task)
         finally:
             await session.close()
-        if ep.tool_errors and getattr(self.cfg, "on_tool_error", "record") == "fail":
-            raise PluginError(f"{tool_error_line(task.id, ep.tool_errors[0])} (backend {task.backend!r}; "
-                              "rollout.on_tool_error=fail stops here; record lets the model read it as an error)")
         if ep.termination == ENV_ERROR:
             print(f"episode {session_id} dropped: its environment failed mid-episode", flush=True)
-        self._score(ep, task)
+        self._score(ep, task, live_score)
         if self.judge is not None and judge and ep.termination != ENV_ERROR:
             await self._judge(ep, task)
         ep.policy_version = self.version
