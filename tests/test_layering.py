@@ -128,6 +128,28 @@ def test_no_import_time_cycles():
             visit(m)
 
 
+def test_no_import_circle_at_all():
+    """Not even through a function-local import: a module that needs one above it at call time is
+    a circle in the design, whichever import runs first."""
+    edges = {m: {p for t, _ in deps if t in GRAPH for p in _with_parents(t)
+                 if p in GRAPH and p != m and not m.startswith(p + ".")} for m, deps in GRAPH.items()}
+    reach = {}
+
+    def reachable(m):  # every module m leads to (iterative: the graph has hundreds of modules)
+        if m not in reach:
+            seen, todo = set(), list(edges[m])
+            while todo:
+                t = todo.pop()
+                if t not in seen:
+                    seen.add(t)
+                    todo.extend(edges[t])
+            reach[m] = seen
+        return reach[m]
+
+    circles = sorted({tuple(sorted(n for n in reachable(m) if m in reachable(n))) for m in GRAPH if m in reachable(m)})
+    assert not circles, "import circles (function-local imports included):\n" + "\n".join(map(str, circles))
+
+
 def _heavy(mod: str, seen: frozenset = frozenset()) -> bool:
     """Whether importing ``mod`` (or calling into it) loads a heavy library: it imports one, at
     the top or inside a function, or one of our modules it imports at the top does."""

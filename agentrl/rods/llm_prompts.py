@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from agentrl.envs.sgls.validate import close_schema
+from agentrl.envs.tool_schema import close_schema
 from agentrl.tasks.schema import Task, ToolCall, ToolSpec
 
 REF_RE = re.compile(r"^\$(\d+)((?:\.[^.\s]+)*)$")

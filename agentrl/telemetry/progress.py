@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from agentrl.telemetry.metrics import pick
+from agentrl.telemetry.fields import pick
 
 
 def _num(value: float) -> str:

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from agentrl.rewards.behaviours import BEHAVIOURS
-from agentrl.telemetry.metrics import FIELDS, METRICS_FILE
+from agentrl.telemetry.fields import FIELDS, METRICS_FILE
 
 REPORT_FILE = "report.png"
 

@@ -13,7 +13,7 @@ from agentrl.envs.sgls.backend import (
     output_schema,
 )
 from agentrl.envs.sgls.cache import SimulationCache, cache_key, canonical_json, history_entry
-from agentrl.envs.sgls.validate import GENERIC_OUTPUT_SCHEMA, close_schema, validate_call, validate_output
+from agentrl.envs.tool_schema import GENERIC_OUTPUT_SCHEMA, close_schema, validate_call, validate_output
 
 __all__ = [
     "ERROR_RESPONSE_SCHEMA",

@@ -30,7 +30,7 @@ from typing import Any
 from agentrl.api import EnvError
 from agentrl.envs.checker import TurnCheck
 from agentrl.envs.sgls.cache import SimulationCache, cache_key, canonical_json, history_entry
-from agentrl.envs.sgls.validate import GENERIC_OUTPUT_SCHEMA, validate_call, validate_output
+from agentrl.envs.tool_schema import GENERIC_OUTPUT_SCHEMA, validate_call, validate_output
 from agentrl.llm.adapters import JsonLLM
 from agentrl.tasks.schema import Task, ToolCall, ToolSpec
 

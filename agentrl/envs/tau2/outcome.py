@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.envs.base import is_error
-from agentrl.envs.sgls.validate import validate_call
 from agentrl.envs.tau2.tasks import domain_of, evaluation_criteria
 from agentrl.envs.tau2.tools import WRITE_TOOLS, base_db, cow_db, db_changes, execute
+from agentrl.envs.tool_schema import validate_call
 from agentrl.tasks.schema import Task, ToolCall
 
 FLOAT_DIGITS = 6
