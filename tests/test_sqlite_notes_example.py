@@ -36,9 +36,10 @@ def _tasks() -> list[dict]:
     return [json.loads(line) for path in TASK_FILES for line in path.read_text().splitlines() if line.strip()]
 
 
-def _episode(env, task, turns: list[list[dict]], termination: str = "done"):
-    """What a reward function reads of an episode: per turn the calls with their observations."""
-    session = env.NotesDB(task)
+def _episode(env, task, turns: list[list[dict]], termination: str = "done", session=None):
+    """What a reward function reads of an episode: per turn the calls with their observations
+    (made on ``session``, a fresh database by default)."""
+    session = session or env.NotesDB(task)
     calls = [[{**c, "observation": session.call(c["name"], c["arguments"]), "step": 0} for c in turn] for turn in turns]
     return SimpleNamespace(task_id=task.id, calls=calls, termination=termination, answers=["Done."] * len(turns))
 
@@ -66,6 +67,24 @@ def test_reference_solutions_score_one_and_doing_nothing_does_not(env):
         assert idle.outcome == 0.0 and 0.0 < idle.process < 1.0, task.id
         cut = env.notes_goal(_episode(env, task, gold, termination="length"), task)
         assert cut.outcome == 0.0 and cut.process < 1.0, task.id
+
+
+def test_the_live_reward_reads_the_episodes_database_and_agrees_with_the_replay(env):
+    """``notes_goal_live`` (the backend's default) scores the database the calls ran on, still
+    open; ``notes_goal`` replays them into a fresh one: the same scores."""
+    from agentrl.envs.registry import default_reward
+    from agentrl.rewards.registry import reads_live_session
+    from agentrl.tasks.io import load_tasks
+
+    assert default_reward("sqlite_notes") == "notes_goal_live" and reads_live_session("notes_goal_live")
+    assert not reads_live_session("notes_goal")
+    for task in load_tasks(TASK_FILES[0]) + load_tasks(TASK_FILES[1]):
+        gold = [[c.model_dump() for step in turn.gold for c in step] for turn in task.turns]
+        for turns in (gold, [[] for _ in task.turns]):
+            db = env.NotesDB(task)
+            episode = _episode(env, task, turns, session=db)
+            assert env.notes_goal_live(episode, task, db) == env.notes_goal(episode, task), task.id
+            db.close()
 
 
 def test_tool_mistakes_are_errors_the_model_reads(env):

@@ -2,8 +2,16 @@
 
 Tools: ``add_note``, ``search_notes``, ``delete_note``, ``count_notes``. Every episode gets its own
 in-memory database, filled from ``task.initial_state["notes"]`` (ids 1, 2, ... in that order).
-The reward ``notes_goal`` compares the database the episode left with ``task.metadata["notes"]``,
-the exact set of notes (title, body, tags) that should exist at the end.
+The reward compares the database the episode left with ``task.metadata["notes"]``, the exact set
+of notes (title, body, tags) that should exist at the end. It reads that database in one of two
+ways (docs/own_tools.md, "The reward function"), both registered here:
+
+* ``notes_goal_live`` (the backend's default): the episode's own database, before agentrl closes
+  it (``live_session=True``). Each call runs once; what to copy for a database server or any
+  service whose answers carry ids or timestamps;
+* ``notes_goal``: a fresh database with the episode's calls replayed (``final_backend``). Fine
+  here, since an in-memory database from the same notes gives the same answers to the same calls,
+  but every call runs twice; a task picks it with ``"reward": "notes_goal"``.
 """
 
 from __future__ import annotations
@@ -84,7 +92,8 @@ class NotesDB:
         return getattr(self, name)(**arguments)
 
     def close(self) -> None:
-        """Called by agentrl when the episode ends (and by the reward below on its replay)."""
+        """Called by agentrl when the episode ends, after a live-session reward read it (and by
+        ``notes_goal`` on its replay)."""
         self.db.close()
 
     # ------------------------------------------------------------------ for the reward
@@ -111,14 +120,26 @@ def goal_checks(initial: list[dict], final: list[dict], goal: dict) -> list[bool
     return [*added, *removed, have == want]
 
 
-def notes_goal(episode, task) -> Score:
-    initial = (task.initial_state or {}).get("notes", [])
-    with closing(final_backend(episode, task)) as notes:  # the replayed copy is ours to close
-        checks = goal_checks(initial, notes.snapshot(), task.metadata)
+def goal_score(episode, task, notes: NotesDB) -> Score:
+    """Outcome 1 when the database ``notes`` holds the goal's notes and every turn was answered;
+    the process score is the fraction of checks that hold."""
+    checks = goal_checks((task.initial_state or {}).get("notes", []), notes.snapshot(), task.metadata)
     checks.append(episode.termination == "done")
     return Score(outcome=float(all(checks)), process=sum(checks) / len(checks))
 
 
+def notes_goal_live(episode, task, notes: NotesDB) -> Score:
+    """The database the episode's calls ran against, still open (agentrl closes it afterwards)."""
+    return goal_score(episode, task, notes)
+
+
+def notes_goal(episode, task) -> Score:
+    """A fresh database with the episode's calls replayed (checked to give the same answers)."""
+    with closing(final_backend(episode, task)) as notes:  # the replayed copy is ours to close
+        return goal_score(episode, task, notes)
+
+
 register_backend("sqlite_notes", NotesDB, tools=[getattr(NotesDB, n) for n in NotesDB.TOOLS],
-                 reward="notes_goal")
+                 reward="notes_goal_live")
+register_reward("notes_goal_live", notes_goal_live, live_session=True)
 register_reward("notes_goal", notes_goal)
