@@ -23,6 +23,7 @@ from agentrl.envs import plugins
 from agentrl.envs.session import LocalEnvSession
 from agentrl.rewards.registry import idle_episode, reads_live_session, register_reward, run_reward
 from agentrl.rewards.scoring import score_episode
+from agentrl.rollout.tool_pool import score_on_session
 from agentrl.tasks.io import load_tasks
 from agentrl.tasks.schema import ToolCall
 
@@ -151,7 +152,7 @@ def test_a_live_reward_scores_the_session_it_is_given(env, tmp_path):
     [obs] = session.execute_sync([ToolCall(name="open_ticket", arguments={"title": "printer"})])
     episode = idle_episode(task)
     episode.calls = [[{"name": "open_ticket", "arguments": {"title": "printer"}, "observation": obs, "step": 0}]]
-    assert session.score_sync(episode) == (1.0, 0.5)
+    assert score_on_session(session, episode) == (1.0, 0.5)
     session.close_sync()
     assert [e["event"] for e in _events(tmp_path)] == ["call", "reward", "close"]  # the call ran once
     reward = _events(tmp_path)[1]

@@ -13,20 +13,14 @@ Which check runs: a backend may define its own per-turn check,
 official checker compares result strings against the model's results of *all* turns so far, so
 the session keeps every turn's (call, observation) pairs for it). Backends without one (the
 builtin suite) get ``agentrl.envs.checker.check_turn`` against a gold replay, as before.
-
-A task whose reward function reads the live session (``register_reward(..., live_session=True)``,
-agentrl/rewards/registry.py) is scored here, by ``score``, before ``close``: the reward gets this
-session's backend, so a real service sees each call once and no replay has to match it.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from agentrl.envs.checker import TurnCheck, check_turn, gold_replay
 from agentrl.envs.registry import make_backend
-from agentrl.rewards.registry import reward_name, run_reward
 from agentrl.tasks.schema import Task, ToolCall
 
 
@@ -73,17 +67,6 @@ class LocalEnvSession:
 
     async def end_turn(self, turn_index: int, results: list[tuple[ToolCall, Any]]) -> bool:
         return self.end_turn_sync(turn_index, results)
-
-    def score_sync(self, episode: Any) -> tuple[float, float]:
-        """(outcome, process) of the finished ``episode`` by the task's reward function, given
-        this session (still open: the caller closes it afterwards)."""
-        return run_reward(reward_name(self.task), episode, self.task, session=self.backend)
-
-    async def score(self, episode: Any) -> tuple[float, float]:
-        """``score_sync`` in a thread: a reward that queries a real service may block, and the
-        rollout worker's event loop serves every other episode meanwhile. The backend is then
-        used from another thread than its calls were (as on the threaded pool actors)."""
-        return await asyncio.to_thread(self.score_sync, episode)
 
     def close_sync(self) -> None:
         """The backend's ``close()``, for backends that hold resources (plugins may define one)."""

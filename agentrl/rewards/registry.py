@@ -19,7 +19,7 @@ Two ways to read the backend's end state:
   deterministic (checked), and every call runs twice;
 * live session: ``register_reward(name, fn, live_session=True)`` makes the call
   ``fn(episode, task, session)`` with the plugin's own object the episode's calls ran against,
-  before it is closed, where it lives (``envs.session.LocalEnvSession.score``: a thread of the
+  before it is closed, where it lives (``rollout.tool_pool.score_live``: a thread of the
   rollout worker under ``tools.placement: in_process``, the tool-pool actor under ``pool``). For
   a backend in front of a real service, or one whose answers carry ids or timestamps.
 

@@ -28,6 +28,7 @@ from agentrl.api import EnvError
 from agentrl.envs.plugins import load_plugins
 from agentrl.envs.registry import register_backend
 from agentrl.envs.session import LocalEnvSession
+from agentrl.rewards.registry import reward_name, run_reward
 from agentrl.tasks.schema import Task, ToolCall
 
 
@@ -71,7 +72,7 @@ class ToolBackendActor:
     def score(self, session_id: str, episode) -> tuple[float, float]:
         """The episode scored by a reward that reads its live session, which is here (the
         reward's module is a plugin this actor imported); in one of the actor's threads."""
-        return self._session(session_id).score_sync(episode)
+        return score_on_session(self._session(session_id), episode)
 
     def close(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)
@@ -134,8 +135,8 @@ class RemoteEnvSession:
                              f"tool_errors (session {self.session_id})", self.timeout_s)
 
     async def score(self, episode) -> tuple[float, float]:
-        """``LocalEnvSession.score`` on the actor that holds the session: the episode travels there,
-        the (outcome, process) pair comes back."""
+        """``score_on_session`` on the actor that holds the session: the episode travels there, the
+        (outcome, process) pair comes back."""
         return await _remote(self.actor.score.remote(self.session_id, episode), self.actor,
                              f"the reward (session {self.session_id})", self.timeout_s)
 
@@ -144,6 +145,23 @@ class RemoteEnvSession:
             await _remote(self.actor.close.remote(self.session_id), self.actor, "close", self.timeout_s)
         except EnvError:
             pass  # the actor died: nothing left to free
+
+
+def score_on_session(session: LocalEnvSession, episode) -> tuple[float, float]:
+    """(outcome, process) of the finished ``episode`` by its task's reward function, given
+    ``session``'s backend (a reward registered with ``live_session=True``, agentrl/rewards/
+    registry.py). The session is still open: its owner closes it afterwards."""
+    return run_reward(reward_name(session.task), episode, session.task, session=session.backend)
+
+
+async def score_live(session: "LocalEnvSession | RemoteEnvSession", episode) -> tuple[float, float]:
+    """``score_on_session`` where the session lives: on its tool actor (``RemoteEnvSession``), or
+    in a thread of this process: a reward that queries a real service may block, and the rollout
+    worker's event loop serves every other episode meanwhile. The backend is then used from
+    another thread than its calls were (as on the threaded actors)."""
+    if isinstance(session, RemoteEnvSession):
+        return await session.score(episode)
+    return await asyncio.to_thread(score_on_session, session, episode)
 
 
 PLACEMENTS = ("in_process", "pool")

@@ -30,7 +30,7 @@ from agentrl.rewards.hierr import HierRWeights
 from agentrl.rewards.registry import reads_live_session, reward_name
 from agentrl.rewards.scoring import apply_summary, score_episode, seen_context
 from agentrl.rewards.summary import episode_summary_reward
-from agentrl.rollout.tool_pool import ToolPool
+from agentrl.rollout.tool_pool import ToolPool, score_live
 from agentrl.tasks.schema import Task
 
 
@@ -212,7 +212,7 @@ class RolloutWorker:
             return None
         if ep.termination != ENV_ERROR:
             try:
-                return await session.score(ep)
+                return await score_live(session, ep)
             except EnvError as err:  # its tool actor died or timed out while scoring: the environment failed
                 print(f"scoring failed: {err}", flush=True)
                 ep.termination = ENV_ERROR
