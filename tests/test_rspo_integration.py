@@ -40,7 +40,7 @@ def test_rspo_steps_sync_the_explorer_and_keep_the_policy(tiny_model_dir, ray_cl
     try:
         m = trainer.step(1)
         bind = [ray.get(w.__ray_call__.remote(lambda _: os.environ.get("VLLM_CPU_OMP_THREADS_BIND")))
-                for w in (*trainer.workers, *trainer.rollout_side.explorers)]
+                for w in (*trainer.workers, *trainer.rollout_side.role_workers[EXPLORER])]
         assert bind == ["0", "1"]  # the explorer's engine computes on a core of its own
         assert m["train/episodes"] == 8 and m["rspo/derived"] == 1.0 and keys <= set(m)
         assert m["rspo/explorer_tokens_trained"] > 0 and m["learner/tokens"] > m["rspo/explorer_tokens_trained"]
@@ -66,7 +66,7 @@ def test_rspo_steps_sync_the_explorer_and_keep_the_policy(tiny_model_dir, ray_cl
             lp = ray.get(logprobs([episode.token_ids]))[0]
             return max(abs(lp[i] - episode.logprobs[i]) for i, keep in enumerate(episode.response_mask) if keep)
 
-        ep_b = ray.get(trainer.rollout_side.explorers[0].sample_one.remote(task, 11))
+        ep_b = ray.get(trainer.rollout_side.role_workers[EXPLORER][0].sample_one.remote(task, 11))
         ep_a = ray.get(trainer.workers[0].sample_one.remote(task, 11))
         assert (ep_b.policy, ep_b.policy_version, ep_a.policy, ep_a.policy_version) == (EXPLORER, 2, POLICY, 2)
         assert gap(ep_b, explorer_logprobs) < 2e-3
@@ -75,7 +75,7 @@ def test_rspo_steps_sync_the_explorer_and_keep_the_policy(tiny_model_dir, ray_cl
 
         # an explorer worker that dies is restarted with the explorer's weights, not the policy's
         # (what the scheduler's recovery does for a dead worker's call: revive, then load_into)
-        explorer = trainer.rollout_side.explorers[0]
+        explorer = trainer.rollout_side.role_workers[EXPLORER][0]
         ray.kill(explorer, no_restart=False)
         _until_restarted(explorer)  # a kill lands asynchronously; revive() rebuilds the restarted actor
         trainer.rollout_side.revive(explorer)

@@ -23,10 +23,11 @@ from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentrl.agent.chat import with_template_text
-from agentrl.api import EXPLORER, POLICY, GroupRef, GroupSummary
+from agentrl.api import POLICY, GroupRef, GroupSummary
 from agentrl.checkpointing.preemption import NOTICE_HOOK
 from agentrl.config import Config, InputError
-from agentrl.config.schema import explorer_group_size
+from agentrl.methods.base import RolloutRole
+from agentrl.methods.registry import extra_roles
 from agentrl.models.hub import HubModelError, parse_hub_id, resolve_hub_model
 from agentrl.planning.cluster_shape import embedded_cpus
 from agentrl.planning.placement import rollout_bundle, rollout_uses_groups
@@ -127,21 +128,20 @@ def shard(items: list, n: int) -> list[list]:
 
 
 class RolloutSide:
-    """The tool pool and ``rollout.num_workers`` rollout workers (one vLLM engine each), plus,
-    with RSPO, ``rspo.explorer_workers`` workers that serve the explorer.
+    """The tool pool and ``rollout.num_workers`` rollout workers (one vLLM engine each), plus the
+    workers of the methods' rollout roles (``roles``: each ``RolloutRole`` with its workers, e.g.
+    an exploration policy's engines; ``agentrl.methods``).
 
     ``sgls`` is the run's SGLS server actor (None unless ``tools.sgls`` is set); every
     tool-pool actor reaches it. Each worker gets the ``ToolPool`` (``tools.placement`` decides
     whether executable backends run in the worker or on the pool actors). Workers get
     ``runtime.rollout_worker_cpus`` / ``_gpus``.
-    ``explorer_episodes``: G_B, the explorer's episodes per group (0 without RSPO).
     """
 
-    def __init__(self, sgls, pool, workers: list, engine: bool = True, explorers: list | None = None,
-                 explorer_episodes: int = 0, env_retries: int = 0):
+    def __init__(self, sgls, pool, workers: list, engine: bool = True,
+                 roles: list[tuple[RolloutRole, list]] | None = None, env_retries: int = 0):
         self.sgls, self.pool, self.workers, self.engine = sgls, pool, workers, engine
-        self.explorers = explorers or []
-        self.explorer_episodes = explorer_episodes
+        self.roles = roles or []
         self.env_retries = env_retries  # times a group whose environment failed is rolled out again
         self.killed = False  # kill() was called: nothing left to shut down
 
@@ -178,32 +178,34 @@ class RolloutSide:
                                                       weight_sync=weight_sync, rewards_cfg=cfg.rewards, agent_cfg=agent)
             for i in range(cfg.rollout.num_workers)
         ]
-        if not (cfg.rspo.enabled and engine):
-            return cls(sgls, pool, workers, engine, env_retries=rt.max_actor_restarts)
-        # RSPO: the explorer starts as the initial policy; its workers get their own engine seeds
-        n = cfg.rollout.num_workers
-        explorer_cfg = rollout_cfg
-        if cfg.rspo.explorer_cpu_threads_bind is not None:  # cores of their own on a CPU node
-            engine_cfg = rollout_cfg.engine.model_copy(update={"cpu_threads_bind": cfg.rspo.explorer_cpu_threads_bind})
-            explorer_cfg = rollout_cfg.model_copy(update={"engine": engine_cfg})
-        explorers = [
-            RolloutWorker.options(**options()).remote(model_path, explorer_cfg, cfg.model.dtype, pool, n + j,
-                                                      weight_sync=weight_sync, rewards_cfg=cfg.rewards, role=EXPLORER,
-                                                      agent_cfg=agent)
-            for j in range(cfg.rspo.explorer_workers)
-        ]
-        g_b = explorer_group_size(cfg.rspo.explorer_fraction, cfg.rollout.group_size)
-        return cls(sgls, pool, workers, engine, explorers, g_b, env_retries=rt.max_actor_restarts)
+        roles = []
+        n = cfg.rollout.num_workers  # worker indices go on past the policy's: engine seeds of their own
+        for role in extra_roles(cfg) if engine else []:  # the gold replay samples under no policy
+            # a role's engines start as the initial policy; e.g. cores of their own on a CPU node
+            role_cfg = rollout_cfg
+            if role.engine_update:
+                role_cfg = rollout_cfg.model_copy(update={"engine": rollout_cfg.engine.model_copy(update=role.engine_update)})
+            roles.append((role, [
+                RolloutWorker.options(**options()).remote(model_path, role_cfg, cfg.model.dtype, pool, n + j,
+                                                          weight_sync=weight_sync, rewards_cfg=cfg.rewards, role=role.name,
+                                                          agent_cfg=agent)
+                for j in range(role.workers)]))
+            n += role.workers
+        return cls(sgls, pool, workers, engine, roles, env_retries=rt.max_actor_restarts)
 
     @property
     def role_workers(self) -> dict[str, list]:
-        """The workers of each of the methods' rollout roles (the weight sync feeds them)."""
-        return {EXPLORER: self.explorers} if self.explorers else {}
+        """The workers of each of the methods' rollout roles, by role name (the weight sync feeds them)."""
+        return {role.name: ws for role, ws in self.roles}
+
+    def all_workers(self) -> list:
+        """The policy's rollout workers, then every role's."""
+        return self.workers + [w for _, ws in self.roles for w in ws]
 
     def start(self) -> list[float]:
         """Build every worker's engine (and tokenizer); returns each worker's start seconds. A
         worker that dies meanwhile (restarted by Ray, ``runtime.max_actor_restarts``) is revived."""
-        workers = self.workers + self.explorers
+        workers = self.all_workers()
         out = []
         for w, ref in zip(workers, [w.start.remote(engine=self.engine) for w in workers]):
             try:
@@ -217,14 +219,18 @@ class RolloutSide:
     def rollout(self, tasks: list, rollout_cfg, tag: int) -> list[RolloutCall]:
         """Start ``rollout_cfg.group_size`` episodes per task, tasks split over the workers; returns
         the pending calls (each ``ref`` resolves to (group summaries, group refs)). Worker ``i`` tags its
-        groups ``tag + i`` (episode seeds). With RSPO the explorer's workers run G_B of each
-        group's episodes and the policy's workers the rest; both parts carry the same mix key
-        (the task's place in this step), which the learner merges them by."""
+        groups ``tag + i`` (episode seeds). Each of the methods' rollout roles runs its
+        ``episodes_per_group`` of each group's episodes on its workers and the policy's workers the
+        rest; every part carries the same mix key (the task's place in this step), by which a
+        method's ``regroup`` can merge them."""
         keys = [f"{tag}/{k}" for k in range(len(tasks))]
-        g_policy = rollout_cfg.group_size - self.explorer_episodes
+        parts = [(self.workers, rollout_cfg.group_size - sum(r.episodes_per_group for r, _ in self.roles), POLICY, 0)]
+        first = len(self.workers)
+        for role, ws in self.roles:  # worker indices (and episode seeds) go on past the policy's
+            parts.append((ws, role.episodes_per_group, role.name, first))
+            first += len(ws)
         calls = []
-        for workers, size, role, first in ((self.workers, g_policy, POLICY, 0),
-                                           (self.explorers, self.explorer_episodes, EXPLORER, len(self.workers))):
+        for workers, size, role, first in parts:
             if not workers or size <= 0:
                 continue
             parts = zip(workers, shard(tasks, len(workers)), shard(keys, len(workers)))
@@ -254,7 +260,7 @@ class RolloutSide:
         """Revive every worker Ray restarted between calls (it died while idle, e.g. after
         returning its groups): it has no engine until ``start``. Returns the revived (worker, role)s."""
         revived = []
-        roles = [(w, POLICY) for w in self.workers] + [(w, EXPLORER) for w in self.explorers]
+        roles = [(w, POLICY) for w in self.workers] + [(w, role.name) for role, ws in self.roles for w in ws]
         for w, role in roles:
             try:
                 ready = ray.get(w.ready.remote())
@@ -269,7 +275,7 @@ class RolloutSide:
     def kill(self) -> None:
         """Stop every rollout-side actor at once, without asking it: a hung worker would never
         answer a shutdown call (the run is stopping on a ``ResumableFailure``)."""
-        for actor in [*self.workers, *self.explorers, *self.pool.actors, *([self.sgls] if self.sgls else [])]:
+        for actor in [*self.all_workers(), *self.pool.actors, *([self.sgls] if self.sgls else [])]:
             ray.kill(actor, no_restart=True)
         self.killed = True
 
@@ -306,14 +312,14 @@ class RolloutSide:
         return [r for rs in ray.get(calls) for r in rs]
 
     def shutdown_workers(self) -> None:
-        _raise_first(_get_each([w.shutdown.remote() for w in self.workers + self.explorers]))
+        _raise_first(_get_each([w.shutdown.remote() for w in self.all_workers()]))
 
     def shutdown(self) -> None:
         """Stop the engines, then the SGLS server's; an actor that fails to stop (e.g. dead for
         good) does not keep the others running: the first error is raised after all were asked."""
         if self.killed:
             return
-        errors = _get_each([w.shutdown.remote() for w in self.workers + self.explorers])
+        errors = _get_each([w.shutdown.remote() for w in self.all_workers()])
         if self.sgls is not None:
             errors += _get_each([self.sgls.shutdown.remote()])
         _raise_first(errors)

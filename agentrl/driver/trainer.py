@@ -88,6 +88,7 @@ class Trainer:
         self.workers, self.sgls = self.rollout_side.workers, self.rollout_side.sgls
         self.buffer = ReplayBuffer.remote(cfg.buffer.capacity_groups, cfg.buffer.max_staleness)
         self.methods = active_methods(cfg)  # research methods the config turns on (agentrl/methods/)
+        self.task_stat_roles = {r.name for m in self.methods for r in m.rollout_roles() if r.feeds_task_stats}
         # the learner scores tokens under the tempered distribution the rollouts sampled from
         self.learner = LearnerGroup.create(model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed,
                                            cfg.rollout.temperature, self.methods, cpus=rt.learner_cpus, gpus=rt.learner_gpus,
@@ -181,8 +182,8 @@ class Trainer:
             fh.write(json.dumps({"step": step, "task_ids": [s.task_id for s in summaries if s.policy == POLICY]}) + "\n")
         if self.rods is None:
             return None
-        # RSPO: the boundary is the policy's, unless rspo.boundary_from_explorer
-        mine = [s for s in summaries if s.outcome and (s.policy == POLICY or self.cfg.rspo.boundary_from_explorer)]
+        # the boundary is the policy's, and that of the methods' roles that ask for it (feeds_task_stats)
+        mine = [s for s in summaries if s.outcome and (s.policy == POLICY or s.policy in self.task_stat_roles)]
         return self.rods.observe.remote(step, [(s.task_id, s.progress) for s in mine])
 
     def _learn(self, step: int, n_groups: int, last: bool, timings: dict[str, float]) -> tuple[dict, bool]:

@@ -484,14 +484,16 @@ def estimate_learner_memory(
     return MemoryEstimate(device=device, host=host, init_host=max(loads), inputs=inputs)
 
 
-def estimate_for_config(cfg: Any, dims: ModelDims | None = None, critic_dims: ModelDims | None = None) -> MemoryEstimate:
+def estimate_for_config(cfg: Any, dims: ModelDims | None = None, critic_dims: ModelDims | None = None,
+                        policy_copy: bool = False) -> MemoryEstimate:
     """``estimate_learner_memory`` of a validated ``agentrl.config.schema.Config``.
 
     ``dims``: default read from ``cfg.model.path``/config.json (and the critic's from
     ``algo.critic.path`` when set). Micro-batch tokens: ``learner.max_tokens_per_micro_batch``, or
     ``micro_batch_size`` x ``rollout.max_episode_tokens``; rows of ``max_episode_tokens`` (one
     row per micro-batch with ``learner.packing``). Reference when ``algo.kl_coef > 0``; critic
-    when the estimator needs one; explorer when ``rspo.enabled``."""
+    when the estimator needs one; ``policy_copy``: a method keeps an fp32 copy of the policy with
+    its own AdamW beside it (``agentrl.methods.registry.keeps_policy_copy``)."""
     dims = dims or ModelDims.from_pretrained_dir(cfg.model.path)
     lc, algo = cfg.learner, cfg.algo
     needs_critic = estimator_for(algo).needs_critic
@@ -503,7 +505,7 @@ def estimate_for_config(cfg: Any, dims: ModelDims | None = None, critic_dims: Mo
     return estimate_learner_memory(
         dims, dtype=cfg.model.dtype, zero_stage=lc.zero_stage, num_ranks=lc.num_ranks, offload_optimizer=lc.offload_optimizer,
         offload_params=lc.offload_params, gradient_checkpointing=lc.gradient_checkpointing, micro_batch_tokens=tokens,
-        seq_len=seq_len, with_reference=algo.kl_coef > 0, with_critic=needs_critic, with_explorer=cfg.rspo.enabled,
+        seq_len=seq_len, with_reference=algo.kl_coef > 0, with_critic=needs_critic, with_explorer=policy_copy,
         lora_rank=lora.rank, lora_target_modules=lora.target_modules, critic_dims=critic_dims,
         attn_implementation=lc.attn_implementation or "sdpa", autocast=lc.autocast,
     )

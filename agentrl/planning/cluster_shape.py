@@ -18,6 +18,7 @@ from typing import Any
 
 from agentrl.config import Config
 from agentrl.engines.memory_estimate import GiB
+from agentrl.methods.registry import extra_roles
 
 EPS = 1e-9
 # Ray resources that are not capacities an actor of ours asks for
@@ -160,7 +161,7 @@ def embedded_cpus(cfg: Config) -> int:
     they start (``tools.placement: pool`` or SGLS), so the quickstart asks for the 2 cores it has.
     """
     rt = cfg.runtime
-    workers = cfg.rollout.num_workers + (cfg.rspo.explorer_workers if cfg.rspo.enabled else 0)
+    workers = cfg.rollout.num_workers + sum(r.workers for r in extra_roles(cfg))
     need = rt.rollout_worker_cpus * workers + rt.learner_cpus * cfg.learner.num_ranks
     if cfg.tools.placement == "pool" or cfg.tools.sgls is not None:
         need += rt.tool_actor_cpus * cfg.tools.num_actors

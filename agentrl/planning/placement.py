@@ -8,7 +8,7 @@ so ``agentrl plan`` prints and checks (``planning/plan.py``) exactly what a run 
 
 * the learner: ``learner.num_ranks`` bundles of {CPU: runtime.learner_cpus, GPU:
   runtime.learner_gpus}, PACK (as few nodes as fit); one rank is a plain actor with that request;
-* each rollout engine (``rollout.num_workers``, plus RSPO's ``rspo.explorer_workers``): one bundle
+* each rollout engine (``rollout.num_workers``, plus the methods' rollout roles' workers): one bundle
   of {CPU: runtime.rollout_worker_cpus, GPU: runtime.rollout_worker_gpus} plus
   ``runtime.rollout_worker_resources``, in a placement group of its own (STRICT_PACK: an engine's
   tensor-parallel GPUs on one node) when it asks for GPUs or ``rollout.engine.tensor_parallel_size``
@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentrl.config import Config
+from agentrl.methods.registry import extra_roles
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,7 @@ def plan_roles(cfg: Config) -> list[Role]:
     engine_keys = ("runtime.rollout_worker_cpus", "runtime.rollout_worker_gpus", "runtime.rollout_worker_resources",
                    "rollout.engine.tensor_parallel_size")
     engines = [("rollout", cfg.rollout.num_workers, "rollout.num_workers")]
-    if cfg.rspo.enabled:
-        engines.append(("explorer", cfg.rspo.explorer_workers, "rspo.explorer_workers"))
+    engines += [(r.name, r.workers, r.workers_key) for r in extra_roles(cfg)]  # the methods' engines
     for name, count, key in engines:
         roles += [Role(f"{name}[{i}]", (rollout_bundle(cfg),), "STRICT_PACK" if grouped else "actor", grouped,
                        (key, *engine_keys), kind="engine") for i in range(count)]

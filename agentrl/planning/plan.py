@@ -25,6 +25,7 @@ from pathlib import Path
 
 from agentrl.config import Config
 from agentrl.engines.memory_estimate import DTYPE_BYTES, GiB, MemoryEstimate, ModelDims, estimate_for_config
+from agentrl.methods.registry import keeps_policy_copy
 from agentrl.models.hub import HubModelError, parse_hub_id, resolve_hub_model
 from agentrl.planning.cluster_shape import Cluster, cluster_for_run, fmt_num
 from agentrl.planning.placement import Role, plan_roles
@@ -286,7 +287,7 @@ def _check_memory(report: PlanReport, dims: ModelDims, states: list[NodeState], 
     host_need: Counter = Counter()  # node index -> bytes
     gpu_demand: dict[str, float] = {}  # role name -> bytes it takes on a GPU it shares
     try:
-        est = estimate_for_config(cfg, dims=dims)
+        est = estimate_for_config(cfg, dims=dims, policy_copy=keeps_policy_copy(cfg))
     except (ValueError, KeyError, OSError) as err:
         report.notes.append(f"learner memory not estimated: {err}")
         est = None

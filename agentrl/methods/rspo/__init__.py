@@ -3,6 +3,7 @@ dense process reward, samples part of every group; A is trained on the outcome r
 
 Where it plugs in (``agentrl/methods/base.py``):
 
+* ``rollout_roles``: B's engines (``rspo.explorer_workers``), G_B of every group's episodes;
 * ``regroup``: the policy's and the explorer's parts of a task's group become one group
   (``groups.merge_mixed_groups``), with per-policy success metrics;
 * ``trained_groups``: A's update reads the outcome side only (``groups.policy_rewards``);
@@ -19,9 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 from agentrl.api import EpisodeGroup
-from agentrl.methods.base import Method
+from agentrl.config.schema import explorer_group_size
+from agentrl.methods.base import Method, RolloutRole
 from agentrl.methods.registry import register_method
-from agentrl.methods.rspo.groups import explorer_batch, merge_mixed_groups, policy_rewards, success_shares
+from agentrl.methods.rspo.groups import EXPLORER, explorer_batch, merge_mixed_groups, policy_rewards, success_shares
 
 # the learner's metrics of the IS weights on B's tokens, under RSPO's names
 _FOREIGN_NAMES = {"foreign_is_weight_mean": "rspo/is_weight_mean", "foreign_is_clip_frac": "rspo/is_clip_frac",
@@ -36,6 +38,13 @@ class RspoMethod(Method):
     @classmethod
     def enabled(cls, cfg) -> bool:
         return cfg.rspo.enabled
+
+    def rollout_roles(self) -> list[RolloutRole]:
+        r = self.cfg.rspo
+        bind = {"cpu_threads_bind": r.explorer_cpu_threads_bind} if r.explorer_cpu_threads_bind is not None else {}
+        return [RolloutRole(EXPLORER, r.explorer_workers, "rspo.explorer_workers",
+                            explorer_group_size(r.explorer_fraction, self.cfg.rollout.group_size),
+                            engine_update=bind, feeds_task_stats=r.boundary_from_explorer)]
 
     def learner_part(self, learner: Any):
         from agentrl.methods.rspo.part import ExplorerPart  # torch, in the learner's process only
@@ -66,4 +75,4 @@ class RspoMethod(Method):
         metrics["rspo/derived"] = 1.0
 
 
-__all__ = ["RspoMethod"]
+__all__ = ["EXPLORER", "RspoMethod"]
