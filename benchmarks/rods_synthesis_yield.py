@@ -15,7 +15,8 @@ from collections import Counter
 
 from agentrl.envs.sources import resolve_task_sources
 from agentrl.rods.resample import ResampleSynthesizer
-from agentrl.rods.synthesizer import accept_variant, text_key
+from agentrl.rods.synthesizer import accept_variant
+from agentrl.tasks.schema import text_key
 
 SOURCES = {"builtin:train": "builtin:heldout", "bfcl:base:train": "bfcl:all", "bfcl:miss_func:train": "bfcl:all",
            "bfcl:miss_param:train": "bfcl:all", "bfcl:long_context:train": "bfcl:all"}

@@ -148,7 +148,8 @@ def arm_settings(args, cfg, arm: str) -> dict:
 
 def fresh_tasks(steps: int, n: int, seed: int = 0, suite: str = "bank") -> list:
     """The tasks the quickstart's ``TaskSampler`` draws for ``steps`` steps (``tasks.fresh_train``)."""
-    from agentrl.envs.builtin.generator import builtin_split, generate_tasks, text_key
+    from agentrl.envs.builtin.generator import builtin_split, generate_tasks
+    from agentrl.tasks.schema import text_key
 
     heldout = {text_key(t) for t in builtin_split("bank-heldout")}
     base = 1_000_000 + seed * 10_000

@@ -34,12 +34,12 @@ from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy
 from agentrl.agent.teacher import Habits, demonstration
 from agentrl.config import load_config
-from agentrl.envs.builtin.generator import builtin_split, looks_up_before_spending, text_key
+from agentrl.envs.builtin.generator import builtin_split, looks_up_before_spending
 from agentrl.envs.checker import canonical, gold_replay
 from agentrl.envs.session import LocalEnvSession
 from agentrl.envs.sources import resolve_task_source
 from agentrl.rewards.scoring import score_episode
-from agentrl.tasks.schema import ToolCall
+from agentrl.tasks.schema import ToolCall, text_key
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"

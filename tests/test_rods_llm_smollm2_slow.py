@@ -21,7 +21,8 @@ from agentrl.config.schema import EngineConfig, RodsLLMConfig
 from agentrl.envs.builtin.generator import builtin_split
 from agentrl.rods.llm_checks import names_function, unstated_value
 from agentrl.rods.llm_synth import LLMSynthesizer
-from agentrl.rods.synthesizer import accept_variant, text_key
+from agentrl.rods.synthesizer import accept_variant
+from agentrl.tasks.schema import text_key
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,8 @@ from agentrl.envs.registry import make_backend
 from agentrl.rods.pool import ActivePool
 from agentrl.rods.resample import BuiltinResampler, ResampleSynthesizer
 from agentrl.rods.signature import skill_signature
-from agentrl.rods.synthesizer import accept_variant, text_key
+from agentrl.rods.synthesizer import accept_variant
+from agentrl.tasks.schema import text_key
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,11 @@ from agentrl.envs.registry import make_backend  # noqa: E402
 from agentrl.envs.session import LocalEnvSession  # noqa: E402
 from agentrl.rods.resample_bfcl import BFCLResampler, _leaves, _token  # noqa: E402
 from agentrl.rods.signature import skill_signature  # noqa: E402
-from agentrl.rods.synthesizer import accept_variant, text_key  # noqa: E402
-from agentrl.tasks.schema import Task  # noqa: E402
+from agentrl.rods.synthesizer import accept_variant  # noqa: E402
+from agentrl.tasks.schema import (
+    Task,  # noqa: E402
+    text_key,
+)
 
 
 @pytest.fixture(scope="module")

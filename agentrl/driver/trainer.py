@@ -50,9 +50,9 @@ from agentrl.config import Config
 from agentrl.driver.cluster import RolloutSide, resolve_model_path
 from agentrl.driver.scheduler import RolloutScheduler
 from agentrl.driver.task_sources import TaskSampler, start_synthesis_actor
-from agentrl.envs.builtin.generator import text_key
 from agentrl.methods.registry import active_methods
 from agentrl.rollout.trajectory_writer import Trajectories
+from agentrl.tasks.schema import text_key
 from agentrl.telemetry.metrics import MetricsSink
 from agentrl.telemetry.progress import ProgressLine, print_eval_progress
 from agentrl.telemetry.summaries import eval_metrics, step_metrics

@@ -31,8 +31,9 @@ from pathlib import Path
 from agentrl.agent.chat import ChatFormatter
 from agentrl.agent.chat_template import CHAT_TEMPLATE
 from agentrl.agent.teacher import Habits
-from agentrl.envs.builtin.generator import SPLITS, builtin_split, generate_tasks, text_key
+from agentrl.envs.builtin.generator import SPLITS, builtin_split, generate_tasks
 from agentrl.models.sft import conversation_text, lr_at, sft, sft_sequences
+from agentrl.tasks.schema import text_key
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 STAMP = "agentrl_model.json"

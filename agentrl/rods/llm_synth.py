@@ -73,8 +73,8 @@ from agentrl.rods.llm_checks import (
     unstated_value,
     walk,
 )
-from agentrl.rods.synthesizer import SynthesisResult, accept_variant, text_key
-from agentrl.tasks.schema import Provenance, Task, ToolCall, ToolSpec, Turn
+from agentrl.rods.synthesizer import SynthesisResult, accept_variant
+from agentrl.tasks.schema import Provenance, Task, ToolCall, ToolSpec, Turn, text_key
 
 log = logging.getLogger(__name__)
 

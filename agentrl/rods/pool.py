@@ -33,8 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from agentrl.rods.boundary import REGIONS, GroupStat, group_stat, select_seeds
-from agentrl.rods.synthesizer import accept_variant, mark_synthesized, text_key
-from agentrl.tasks.schema import Task
+from agentrl.rods.synthesizer import accept_variant, mark_synthesized
+from agentrl.tasks.schema import Task, text_key
 
 PHI_BINS = 5  # φ histogram bins over [0, 1]
 

@@ -22,8 +22,8 @@ from agentrl.envs.builtin.generator import CATEGORIES, Shape, draw_shaped
 from agentrl.envs.builtin.ops import Reject
 from agentrl.rods.resample_bfcl import BFCLResampler
 from agentrl.rods.signature import skill_signature
-from agentrl.rods.synthesizer import SynthesisResult, text_key
-from agentrl.tasks.schema import Task
+from agentrl.rods.synthesizer import SynthesisResult
+from agentrl.tasks.schema import Task, text_key
 
 
 def generator_can_draw(category: str, calls_per_turn: tuple[int, ...]) -> bool:

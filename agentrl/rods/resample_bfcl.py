@@ -42,8 +42,8 @@ from agentrl.envs.base import is_error
 from agentrl.envs.checker import canonical
 from agentrl.envs.registry import make_backend
 from agentrl.rods.signature import skill_signature
-from agentrl.rods.synthesizer import SynthesisResult, accept_variant, text_key
-from agentrl.tasks.schema import Task, ToolCall, Turn
+from agentrl.rods.synthesizer import SynthesisResult, accept_variant
+from agentrl.tasks.schema import Task, ToolCall, Turn, text_key
 
 _EXT = re.compile(r"^(.+?)(\.[A-Za-z][A-Za-z0-9]{0,4})$")
 _INT, _FLOAT = re.compile(r"-?\d+"), re.compile(r"-?\d+\.(\d+)")

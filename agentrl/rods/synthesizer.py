@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from agentrl.envs.checker import gold_replay
-from agentrl.tasks.schema import Provenance, Task
+from agentrl.tasks.schema import Provenance, Task, text_key
 
 
 @dataclass
@@ -45,11 +45,6 @@ class Synthesizer(Protocol):
     name: str
 
     def synthesize(self, seed: Task, n: int, rng_seed: int) -> SynthesisResult: ...
-
-
-def text_key(task: Task) -> tuple[str, ...]:
-    """The duplicate key of a task: its user turns, in order."""
-    return tuple(t.user for t in task.turns)
 
 
 def reexecutes(task: Task) -> bool:

@@ -111,3 +111,10 @@ class Task(BaseModel):
 
     def gold_calls(self, turn_index: int) -> list[ToolCall]:
         return [c for step in self.turns[turn_index].gold for c in step]
+
+
+def text_key(task: Task) -> tuple[str, ...]:
+    """A task's identity by what the user says: its user turns, in order. Tasks with one key are
+    duplicates (the generators' and RODS's gates), and a training task with a held-out task's key
+    would leak it into training."""
+    return tuple(t.user for t in task.turns)

@@ -32,7 +32,7 @@ from typing import Any
 from agentrl.envs.builtin.ops import Op, PlanBuilder, Reject, Req, spends_looked_up_balance
 from agentrl.envs.checker import canonical, gold_replay
 from agentrl.envs.registry import builtin_tool_specs
-from agentrl.tasks.schema import Task, Turn
+from agentrl.tasks.schema import Task, Turn, text_key
 
 CATEGORIES = (("base", 0.70), ("miss_param", 0.15), ("miss_func", 0.15))
 DOMAIN_LABEL = {"Bank": "bank", "Calendar": "calendar", "FileStore": "files"}
@@ -84,8 +84,9 @@ def reports_facts(task: Task) -> bool:
 REQUIREMENTS = {"lookup": looks_up_before_spending, "no_lookup": lambda t: not looks_up_before_spending(t),
                 "reports_facts": reports_facts}
 SUITES.update({
-    # RSPO's sparse success: every task has both decisions the warm start gets wrong (ask for the
-    # missing value, look the balance up before spending it) in 3-4 turns, all of which must pass.
+    # sparse success, where a dense process score helps exploration: every task has both decisions
+    # the warm start gets wrong (ask for the missing value, look the balance up before spending it)
+    # in 3-4 turns, all of which must pass.
     "bank-sparse": Suite("bank-sparse", ("Bank",), (("miss_param", 1.0),), turns=(3, 4), require=("lookup",)),
     # SLCA's cross-segment credit: two turns of two plain calls each (no lookup habit to fail),
     # whose answers state 2-4 values read from the results: the calls are mostly right, and the
@@ -269,10 +270,6 @@ def draw_shaped(rng: random.Random, shape: Shape) -> Task:
     if any(not 0 <= c <= 3 for c in shape.calls_per_turn) or not shape.calls_per_turn:
         raise ValueError(f"shape {shape}: calls per turn must be 0..3, at least one turn")
     return _draw(rng, shape)
-
-
-def text_key(task: Task) -> tuple[str, ...]:
-    return tuple(t.user for t in task.turns)
 
 
 def _stream(seed: int, suite: str = "all") -> Iterator[Task]:
