@@ -1,0 +1,143 @@
+"""SmolLM2 learning runs, collected: held-out start -> end per run, mean ± SE per arm, paired
+differences, time per step by phase, curves (docs/benchmarks.md, "A real model learns clearly").
+
+The runs are ordinary ``agentrl train configs/smollm2_bank.yaml ...`` runs (their commands are in
+docs/benchmarks.md). Run folders do not outlive the machine they ran on, so each run's small files
+(``config.yaml``, ``metrics.jsonl``, ``evals.json``, ``resumes.jsonl``) are copied into
+``--out/<run name>/`` and ``results.json`` is rebuilt from every run copied there so far: runs
+made in different sessions add up. A run's arm is its name without the ``_s<seed>`` suffix;
+``--base ARM`` names the arm the others are compared with (paired by seed).
+
+    .venv/bin/python benchmarks/real_model_learning.py .cache/wt38/runs/rl15_s0-* --out docs/benchmarks/smollm2_rl
+    .venv/bin/python benchmarks/real_model_learning.py --out docs/benchmarks/smollm2_rl   # rebuild only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+from pathlib import Path
+
+KEPT = ("config.yaml", "metrics.jsonl", "evals.json", "resumes.jsonl")
+PHASES = ("time/generate", "time/learn", "time/sync", "time/step")
+CURVE = ("train/success", "train/progress")
+
+
+def copy_run(run: Path, out: Path) -> Path:
+    """The run's small files into ``out/<run name>/`` (the timestamp dropped from the folder name)."""
+    name = re.sub(r"-\d{8}-\d{6}$", "", run.name)
+    dest = out / name
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in KEPT:
+        if (run / f).is_file():
+            shutil.copyfile(run / f, dest / f)
+    if not (dest / "evals.json").is_file():
+        raise SystemExit(f"{run}: no evals.json (the run has not finished)")
+    return dest
+
+
+def read_run(folder: Path) -> dict:
+    evals = json.loads((folder / "evals.json").read_text())
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "train/success" in r]
+    cfg = (folder / "config.yaml").read_text()
+    seed = re.search(r"_s(\d+)$", folder.name)
+    return {
+        "run": folder.name, "arm": re.sub(r"_s\d+$", "", folder.name), "seed": int(seed[1]) if seed else None,
+        "steps": len(steps), "shuffled": "shuffle_rewards: true" in cfg,
+        "start": evals.get("start"), "end": evals["end"],
+        "seconds_per_step": {p: statistics.mean(r[p] for r in steps if p in r) for p in PHASES
+                             if any(p in r for r in steps)},
+        "curve": [{k: r.get(k) for k in ("step", *CURVE)} for r in steps],
+    }
+
+
+def _mean_se(xs: list[float]) -> tuple[float, float]:
+    return statistics.mean(xs), (statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan"))
+
+
+def summarize(runs: list[dict], base: str | None) -> dict:
+    """Per arm: end - start per seed, mean ± SE; against ``base``: the paired difference per seed."""
+    starts = [r["start"]["success"] for r in runs if r["start"]]
+    start = starts[0] if starts else None  # greedy decoding of one warm start: the same for every run
+    arms: dict[str, dict] = {}
+    for r in runs:
+        arms.setdefault(r["arm"], {"runs": []})["runs"].append(r)
+    for arm, a in arms.items():
+        gains = {r["seed"]: r["end"]["success"] - (r["start"] or {"success": start})["success"] for r in a["runs"]}
+        a["gain_by_seed"] = gains
+        a["gain_mean"], a["gain_se"] = _mean_se(list(gains.values()))
+        a["end_mean"], a["end_se"] = _mean_se([r["end"]["success"] for r in a["runs"]])
+        if base and arm != base and base in arms:
+            base_gains = {r["seed"]: r["end"]["success"] for r in arms[base]["runs"]}
+            diffs = [base_gains[s] - r["end"]["success"] for s, r in ((r["seed"], r) for r in a["runs"]) if s in base_gains]
+            if diffs:
+                a[f"{base}_minus_this"] = {"by_seed": diffs, "mean": statistics.mean(diffs),
+                                           "se": _mean_se(diffs)[1]}
+    return {"start_success": start, "arms": {k: {kk: vv for kk, vv in v.items() if kk != "runs"} | {
+        "seeds": sorted(r["seed"] for r in v["runs"])} for k, v in arms.items()}, "runs": runs}
+
+
+def table(summary: dict, base: str | None) -> str:
+    lines = [f"held-out start (greedy, 200 tasks): {summary['start_success']}", "",
+             "| run | steps | start | end | end − start | success/base | success/miss_func | success/miss_param | "
+             "miss_param ask | gen s/step | learn s/step |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in summary["runs"]:
+        s, e, t = r["start"] or {"success": summary["start_success"]}, r["end"], r["seconds_per_step"]
+        lines.append(f"| {r['run']} | {r['steps']} | {s['success']:.3f} | {e['success']:.3f} | "
+                     f"{e['success'] - s['success']:+.3f} | {e.get('success/base', float('nan')):.3f} | "
+                     f"{e.get('success/miss_func', float('nan')):.3f} | {e.get('success/miss_param', float('nan')):.3f} | "
+                     f"{e.get('behaviour/miss_param_ask', float('nan')):.3f} | {t.get('time/generate', float('nan')):.0f} | "
+                     f"{t.get('time/learn', float('nan')):.0f} |")
+    lines += ["", "| arm | seeds | end − start, mean ± SE | vs " + (base or "-") + " (paired, mean ± SE) |", "|---|---|---|---|"]
+    for arm, a in summary["arms"].items():
+        d = a.get(f"{base}_minus_this")
+        vs = f"{d['mean']:+.3f} ± {d['se']:.3f} ({len(d['by_seed'])} pairs)" if d else "-"
+        lines.append(f"| {arm} | {a['seeds']} | {a['gain_mean']:+.3f} ± {a['gain_se']:.3f} | {vs} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for r in summary["runs"]:
+        steps = [c["step"] for c in r["curve"]]
+        for ax, key in zip(axes, CURVE):
+            ax.plot(steps, [c[key] for c in r["curve"]], label=r["run"], alpha=0.8)
+    for ax, key in zip(axes, CURVE):
+        ax.set_xlabel("step (32 episodes)")
+        ax.set_title(f"{key} (sampled, T = 1)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="*", type=Path, help="finished run folders to copy in")
+    ap.add_argument("--out", type=Path, default=Path("docs/benchmarks/smollm2_rl"))
+    ap.add_argument("--base", default="rl15", help="the arm the others are compared with")
+    args = ap.parse_args()
+    for run in args.runs:
+        print(f"copied {copy_run(run, args.out)}")
+    runs = sorted((read_run(f) for f in args.out.iterdir() if (f / "evals.json").is_file()),
+                  key=lambda r: (r["arm"], r["seed"] or 0))
+    if not runs:
+        raise SystemExit(f"no runs in {args.out}")
+    summary = summarize(runs, args.base)
+    (args.out / "results.json").write_text(json.dumps(summary, indent=1))
+    (args.out / "table.md").write_text(table(summary, args.base))
+    plot(summary, args.out / "curves.png")
+    print(table(summary, args.base))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
