@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PLUGIN = '''
 from agentrl.envs.registry import register_backend
-from agentrl.rewards.behaviours import register_behaviour
+from agentrl.envs.behaviours import register_behaviour
 from agentrl.rewards.registry import Score, final_backend, register_reward
 
 

@@ -11,10 +11,11 @@ from agentrl.agent.gold import GoldPolicy
 from agentrl.agent.teacher import Habits, demonstration
 from agentrl.algos.batching import shuffle_episode_rewards
 from agentrl.api import Episode, EpisodeGroup
+from agentrl.envs.behaviours import behaviour_rates
+from agentrl.envs.builtin.behaviours import behaviour_counts
 from agentrl.envs.builtin.generator import builtin_split, generate_tasks
 from agentrl.envs.builtin.ops import spends_looked_up_balance
 from agentrl.envs.session import LocalEnvSession
-from agentrl.rewards.behaviours import behaviour_counts, behaviour_rates
 from agentrl.tasks.schema import text_key
 
 

@@ -32,7 +32,7 @@ import ray
 
 from agentrl.config.schema import Config, RolloutConfig
 from agentrl.driver.cluster import RolloutSide, init_ray, resolve_model_path
-from agentrl.rewards.behaviours import behaviour_rates
+from agentrl.envs.behaviours import behaviour_rates
 from agentrl.rollout.worker import tool_error_line
 from agentrl.telemetry.progress import print_eval_progress
 from agentrl.telemetry.summaries import summarize

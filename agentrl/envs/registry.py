@@ -41,6 +41,7 @@ import jsonschema
 
 from agentrl.envs.base import ToolBackend
 from agentrl.envs.builtin import BUILTIN_CLASSES
+from agentrl.envs.builtin import behaviours as _builtin_behaviours  # noqa: F401 - registers the quickstart's, like any env's
 from agentrl.envs.executable import ArgChecks, ExecutableBackend, checked_call, tool_error
 from agentrl.envs.plugins import load_env_plugins, plugins_hint
 from agentrl.envs.toolspec import function_spec

@@ -24,8 +24,8 @@ from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy
 from agentrl.api import ENV_ERROR, POLICY, EngineNotStarted, EnvError, Episode, EpisodeGroup, Generation, GroupSummary
 from agentrl.config.process_env import set_default_env
+from agentrl.envs.behaviours import episode_behaviours
 from agentrl.envs.plugins import PluginError
-from agentrl.rewards.behaviours import episode_behaviours
 from agentrl.rewards.hierr import HierRWeights
 from agentrl.rewards.registry import reads_live_session, reward_name
 from agentrl.rewards.scoring import apply_summary, score_episode, seen_context

@@ -12,7 +12,6 @@ import json
 import math
 from pathlib import Path
 
-from agentrl.rewards.behaviours import BEHAVIOURS
 from agentrl.telemetry.fields import FIELDS, METRICS_FILE
 
 REPORT_FILE = "report.png"
@@ -59,7 +58,7 @@ PANELS = {
                            ("time_sync", "weight sync")],
     # what RL changed, at each held-out evaluation (step 0 = before training)
     "held-out success by category": [(f"eval/success/{c}", c) for c in ("base", "miss_param", "miss_func", "long_context")],
-    "held-out behaviour rates": [(f"eval/behaviour/{b}", b) for b in BEHAVIOURS],
+    "held-out behaviour rates": [],  # the behaviours the run's environments register (report_panels)
 }
 
 
@@ -74,7 +73,7 @@ RODS_PANELS = {
 
 def report_panels(records: list[dict]) -> dict[str, list[tuple[str, str]]]:
     """The panels drawn for ``records``: ``PANELS``, with the held-out categories and behaviours the
-    run's tasks define (a plugin's own; ``PANELS``' when none was logged), and RODS's if it ran."""
+    run logged (the categories: ``PANELS``' when none was logged), and RODS's if it ran."""
     panels = dict(PANELS)
     for title, prefix in (("held-out success by category", "eval/success/"), ("held-out behaviour rates", "eval/behaviour/")):
         if found := sorted({k for r in records for k in r if k.startswith(prefix)}):

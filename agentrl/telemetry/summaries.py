@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from agentrl.api import GroupSummary
-from agentrl.rewards.behaviours import behaviour_rates
+from agentrl.envs.behaviours import behaviour_rates
 
 # the phases of a step the driver times (seconds); ``generate`` comes from the summaries instead
 STEP_TIMINGS = ("rollout_wait", "learn", "sync", "step")
