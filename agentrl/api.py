@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor
 
-# Episode.policy: the policy being trained, or RSPO's explorer (docs/design.md §4, "RSPO")
-POLICY, EXPLORER = "policy", "explorer"
+# Episode.policy of the policy being trained; a method's rollout role names its own
+# (agentrl/methods/base.py: RolloutRole)
+POLICY = "policy"
 # Episode.termination of an episode whose environment failed: dropped from its group, counted
 ENV_ERROR = "env_error"
 
@@ -73,7 +74,7 @@ class Episode:
     rewards: dict[str, float] = field(default_factory=dict)
     policy_version: int = 0
     group_id: str = ""
-    policy: str = POLICY  # which policy sampled it: POLICY (the one trained) or EXPLORER (RSPO)
+    policy: str = POLICY  # which policy sampled it: POLICY (the one trained) or a method's rollout role
     gen_seconds: float = 0.0
     env_seconds: float = 0.0
     # One entry per assistant message ("step"): its policy-token range [start, end), the user turn
@@ -112,8 +113,8 @@ class EpisodeGroup:
     episodes: list[Episode]
     wall_seconds: float = 0.0  # from the rollout call's start to this group's end
     policy: str = POLICY  # the policy that sampled every episode of the group
-    # Groups with the same mix_key were rolled out on the same task in the same step (with RSPO:
-    # the policy's part and the explorer's part of one mixed group); the learner merges them.
+    # Groups with the same mix_key were rolled out on the same task in the same step (the policy's
+    # part and the parts of the methods' rollout roles); a method's regroup may merge them.
     mix_key: str = ""
 
     def to_dict(self) -> dict:

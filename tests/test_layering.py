@@ -167,3 +167,18 @@ def test_function_local_imports_only_defer_heavy_libraries():
     bad = [f"{mod}: {target}" for mod, deps in GRAPH.items() for target, top in deps
            if not top and target in GRAPH and not _heavy(target) and not mod.startswith(target)]
     assert not bad, "function-local imports of light modules (import them at the top):\n" + "\n".join(sorted(set(bad)))
+
+
+# packages that may name a research method: the method's own, and the config tree (its sections,
+# checked without torch or Ray)
+METHOD_HOMES = {"rspo": ("methods/rspo/", "config/")}
+
+
+@pytest.mark.parametrize("method", sorted(METHOD_HOMES))
+def test_methods_are_named_only_in_their_packages(method):
+    """The generic learner, losses, scheduler, cluster and weight sync reach a method only through
+    its hooks (agentrl/methods/base.py), so no other module names it."""
+    bad = [f"{path.relative_to(PKG)}:{n}" for path in sorted(PKG.rglob("*.py"))
+           if not str(path.relative_to(PKG)).startswith(METHOD_HOMES[method])
+           for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if method in line.lower()]
+    assert not bad, f"{method} named outside {METHOD_HOMES[method]}:\n" + "\n".join(bad)

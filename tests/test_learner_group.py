@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.api import EXPLORER, Episode, EpisodeGroup, GroupRef
+from agentrl.api import Episode, EpisodeGroup, GroupRef
 from agentrl.config.schema import AlgoConfig, CriticConfig, LearnerConfig, RspoConfig
+from agentrl.methods.rspo import EXPLORER
 
 pytestmark = pytest.mark.integration
 

@@ -310,12 +310,12 @@ def test_more_ranks_less_per_rank_at_stage3():
 def test_optional_models_and_offload():
     dims = ModelDims.from_hf_config(PUBLIC["Llama-3.1-8B"][0])
     base = _est(dims)
-    full = _est(dims, with_reference=True, with_critic=True, with_explorer=True)
+    full = _est(dims, with_reference=True, with_critic=True, with_policy_copy=True)
     assert full.device["reference"] == 2 * dims.n_params
-    assert full.device["explorer"] == 16 * dims.n_params
+    assert full.device["policy_copy"] == 16 * dims.n_params
     critic_states = sum(model_states(dims.value_model_params(), 0, p=2, zero_stage=1, num_ranks=1)[0].values())
     assert full.device["critic"] == critic_states
-    assert full.device["activations"] > base.device["activations"]  # the explorer's pass runs in fp32
+    assert full.device["activations"] > base.device["activations"]  # the policy copy's pass runs in fp32
     off = _est(dims, offload_optimizer=True)
     assert off.total_device < base.total_device and off.total_host > base.total_host == 0
     assert base.init_host == 4 * dims.n_params  # every rank loads the policy in fp32 on the host

@@ -10,8 +10,9 @@ import torch
 
 from agentrl.algos.batching import build_batch
 from agentrl.algos.losses import PolicyLossConfig, foreign_caps, policy_loss
-from agentrl.api import EXPLORER, POLICY, Episode, EpisodeGroup
+from agentrl.api import POLICY, Episode, EpisodeGroup
 from agentrl.config import ConfigError, load_config
+from agentrl.methods.rspo import EXPLORER
 from agentrl.methods.rspo.groups import explorer_batch, merge_mixed_groups, policy_rewards, success_shares
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

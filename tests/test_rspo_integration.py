@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.api import EXPLORER, POLICY
+from agentrl.api import POLICY
 from agentrl.config import load_config
+from agentrl.methods.rspo import EXPLORER
 
 pytestmark = pytest.mark.integration
 

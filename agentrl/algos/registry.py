@@ -60,8 +60,9 @@ class Estimator:
       (``algo.critic`` must be set) and turns them into advantages with GAE (docs/design.md §4);
     * ``needs_summary_reward``: reads the summary reward R_sum (``rewards.summary`` must not be
       ``none``); ``build_batch`` then reports ``episodes_with_summary``;
-    * ``reads_process_reward``: reads the HierR process score (``rewards["process"]``); under
-      RSPO's reward swap it is given the outcome-side ``algo.reward`` instead (docs/design.md §4);
+    * ``reads_process_reward``: reads the HierR process score (``rewards["process"]``); a method
+      that hides the process score from the policy gives it the outcome-side ``algo.reward``
+      instead (docs/design.md §4);
     * ``reads_turn_verdicts``: reads the checker's per-turn verdicts (``turn_passed``), which
       ``algo.shuffle_rewards`` would leave attached to their episodes, so the config refuses it;
     * ``allows_kl_in_reward``: ``algo.kl_in=reward`` is meaningful for it (it builds advantages

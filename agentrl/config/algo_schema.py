@@ -48,9 +48,10 @@ class AlgoConfig(Section):
     # Reward the advantages are computed from: "progress" (turns passed / turns, docs/design.md §3; denser,
     # as RODS uses) or "outcome" (1 only when every turn passes). SLCA uses rewards.* instead.
     reward: Literal["progress", "outcome"] = "progress"
-    # Estimator plugins: Python modules (dotted names) or .py file paths (made absolute) whose
-    # @register_estimator classes add advantage estimators (docs/design.md §9). Imported when the
-    # config is validated and in the learner's process, so they must exist wherever the learner runs.
+    # Estimator and method plugins: Python modules (dotted names) or .py file paths (made absolute)
+    # whose @register_estimator classes add advantage estimators (docs/design.md §9) and whose
+    # @register_method classes add research methods (agentrl/methods/). Imported when the config is
+    # validated and in the learner's process, so they must exist wherever the learner runs.
     plugins: list[NonEmptyStr] = Field(default_factory=list)
     # Advantage estimator, by name: a built-in one (listed below this table, with what each needs)
     # or one registered by algo.plugins.

@@ -16,7 +16,8 @@ bf16/fp16 2):
   with LoRA (the reference is the policy with its adapters off);
 * a PPO critic when the estimator needs one: a second DeepSpeed engine with its own model states
   (the value model = the causal LM without its LM head, plus a [hidden, 1] score head);
-* RSPO's explorer: a plain-torch fp32 copy of the policy with its own AdamW (``engines/explorer.py``);
+* a policy copy some methods keep (``Method.keeps_policy_copy``): a plain-torch fp32 copy of the
+  policy with its own AdamW, e.g. an exploration policy derived from it;
 * activations of one micro-batch (``decoder_saved_bytes``, ``logits_bytes``).
 
 Model states per rank follow DeepSpeed 0.19's optimizers (read in ``runtime/fp16/unfused_optimizer.py``,
@@ -333,7 +334,7 @@ def model_states(n_trained: int, n_frozen: int, *, p: int, zero_stage: int, num_
 
 # ---------------------------------------------------------------------------- the estimate
 DEVICE_TERMS = ("parameters", "master_fp32", "gradients", "fp32_grads", "optimizer", "zero3_gathered", "zero_buffers",
-                "reference", "critic", "explorer", "activations", "logits")
+                "reference", "critic", "policy_copy", "activations", "logits")
 
 
 @dataclass(frozen=True)
@@ -392,7 +393,7 @@ def estimate_learner_memory(
     micro_batch_tokens: int,
     with_reference: bool = False,
     with_critic: bool = False,
-    with_explorer: bool = False,
+    with_policy_copy: bool = False,
     lora_rank: int = 0,
     lora_params: int = 0,
     seq_len: int | None = None,
@@ -419,16 +420,16 @@ def estimate_learner_memory(
     * ``reference``: p x n_params, / N at ZeRO-3 (on the host with ``offload_params``); 0 with LoRA;
     * ``critic``: the critic engine's ``model_states`` (value-model parameters, same ZeRO and
       offload settings), device part here and host part in ``host["critic"]``;
-    * ``explorer``: 16 x n_params: fp32 weights (kept between derivations) + fp32 gradients +
-      AdamW moments while B is derived (freed after; counted as if concurrent, conservatively);
+    * ``policy_copy``: 16 x n_params: fp32 weights (kept between its updates) + fp32 gradients +
+      AdamW moments while it is updated (freed after; counted as if concurrent, conservatively);
     * ``activations``: the largest ``decoder_saved_bytes`` of the phases that run a backward
-      (the policy in dtype p; the critic in p; the explorer in fp32 without checkpointing), plus
+      (the policy in dtype p; the critic in p; the policy copy in fp32 without checkpointing), plus
       the decoder output and its gradient, 2 p h per token, and with checkpointing the layer being
       recomputed, one layer's saved tensors. A layer's backward briefly adds gradients of about
       0.6 of its saved tensors (measured on CPU); not added, as it does not coexist with the LM
       head's backward (which runs first, with every saved tensor alive) and is smaller than the
       logits chunk for these vocabularies;
-    * ``logits``: the larger ``logits_bytes`` chunk of the policy (p) and the explorer (fp32).
+    * ``logits``: the larger ``logits_bytes`` chunk of the policy (p) and the policy copy (fp32).
     """
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
@@ -457,8 +458,8 @@ def estimate_learner_memory(
         loads.append(steady_host + 4 * cdims.value_model_params())
         if chost:
             host["critic"] = sum(chost.values())
-    if with_explorer:
-        device["explorer"] = 16 * dims.n_params
+    if with_policy_copy:
+        device["policy_copy"] = 16 * dims.n_params
         loads.append(sum(host.values()) + 4 * dims.n_params)
 
     def working(d: ModelDims, q: int, ckpt: bool, lr: int = 0, lt: tuple[str, ...] = ()) -> int:
@@ -473,13 +474,13 @@ def estimate_learner_memory(
     logits = [logits_bytes(dims, a, micro_batch_tokens, seq_len)]
     if with_critic:
         acts.append(working(cdims, a, gradient_checkpointing))
-    if with_explorer:
+    if with_policy_copy:
         acts.append(working(dims, 4, False))
         logits.append(logits_bytes(dims, 4, micro_batch_tokens, seq_len))
     device["activations"] = max(acts)
     device["logits"] = max(logits)
     inputs = dict(dtype=dtype, micro_batch_tokens=micro_batch_tokens, seq_len=seq_len, with_reference=with_reference,
-                  with_critic=with_critic, with_explorer=with_explorer, gradient_checkpointing=gradient_checkpointing,
+                  with_critic=with_critic, with_policy_copy=with_policy_copy, gradient_checkpointing=gradient_checkpointing,
                   lora_rank=lora_rank, lora_params=lora_params, n_params=dims.n_params, autocast=autocast, **zero)
     return MemoryEstimate(device=device, host=host, init_host=max(loads), inputs=inputs)
 
@@ -505,7 +506,7 @@ def estimate_for_config(cfg: Any, dims: ModelDims | None = None, critic_dims: Mo
     return estimate_learner_memory(
         dims, dtype=cfg.model.dtype, zero_stage=lc.zero_stage, num_ranks=lc.num_ranks, offload_optimizer=lc.offload_optimizer,
         offload_params=lc.offload_params, gradient_checkpointing=lc.gradient_checkpointing, micro_batch_tokens=tokens,
-        seq_len=seq_len, with_reference=algo.kl_coef > 0, with_critic=needs_critic, with_explorer=policy_copy,
+        seq_len=seq_len, with_reference=algo.kl_coef > 0, with_critic=needs_critic, with_policy_copy=policy_copy,
         lora_rank=lora.rank, lora_target_modules=lora.target_modules, critic_dims=critic_dims,
         attn_implementation=lc.attn_implementation or "sdpa", autocast=lc.autocast,
     )

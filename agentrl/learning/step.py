@@ -3,9 +3,10 @@
 The learner actor (``learning/learner.py``) calls ``prepare_step`` on the groups it fetched, in
 this order, which a method's hooks rely on (``agentrl/methods/base.py``):
 
-1. each method's ``regroup`` (RSPO: the parts of a task's group become one group);
+1. each method's ``regroup`` (e.g. the parts of a task's group sampled by different policies
+   become one group);
 2. the reward-shuffle control (``algo.shuffle_rewards``): rewards permuted across the episodes;
-3. each method's ``trained_groups`` (RSPO: the policy reads the outcome side only);
+3. each method's ``trained_groups`` (e.g. the policy reads the outcome reward only);
 4. ``build_batch`` with the configured estimator, KL in the reward when configured.
 
 ``StepInput.groups`` are the groups after 2 (what ``Method.after_update`` reads); the batch is

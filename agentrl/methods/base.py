@@ -1,7 +1,7 @@
 """What a research method plugs into: the ``Method`` hooks and the ``RolloutRole`` it may ask for.
 
-A method (RSPO, ``agentrl/methods/rspo/``) changes a run at a few fixed points, and the generic
-code calls it there without naming it:
+A method (one package under ``agentrl/methods/``, or a plugin) changes a run at a few fixed
+points, and the generic code calls it there without naming it:
 
 * the rollout side: ``rollout_roles``, extra engines that sample part of every group under a
   policy of the method's own (planned, started, fed weights and rolled out like the policy's);
@@ -11,10 +11,11 @@ code calls it there without naming it:
 * the DeepSpeed learner: ``learner_part``, a model of the method's own that lives beside the
   policy (its weights feed the method's role; its state is checkpointed with the learner's).
 
-Two group hooks, not one: RSPO merges its parts of a group before the shuffle but hides the
-process reward from the policy after it, and derives its explorer from the shuffled groups as
-they were before that. Metrics come back from ``regroup`` and ``after_update`` under the
-method's ``name`` ("rspo/..."), which the step's metrics keep out of ``learner/``.
+Two group hooks, not one: a method may merge the parts of a group its role and the policy
+sampled before the reward shuffle, hide a reward from the policy after it, and still act after
+the update on the shuffled groups as they were before the hiding. Metrics come back from
+``regroup`` and ``after_update`` under the method's ``name`` ("<name>/..."), which the step's
+metrics keep out of ``learner/``.
 
 This module imports neither torch nor Ray: the planner and the config checks read the roles.
 """
@@ -35,11 +36,11 @@ if TYPE_CHECKING:
 class RolloutRole:
     """Engines a method runs beside the policy's (planning, the rollout side, the weight sync)."""
 
-    # Episode.policy / EpisodeGroup.policy of its episodes, and the plan's role name ("explorer[i]")
+    # Episode.policy / EpisodeGroup.policy of its episodes, and the plan's role name ("<name>[i]")
     name: str
     # rollout workers (one engine each); they get the runtime.rollout_worker_* resources
     workers: int
-    # the config key plan messages name for ``workers`` ("rspo.explorer_workers")
+    # the config key plan messages name for ``workers`` ("<section>.<key>")
     workers_key: str
     # episodes of each group it samples, taken out of rollout.group_size (the policy keeps the rest)
     episodes_per_group: int

@@ -2,7 +2,7 @@
 
 A method is a ``Method`` subclass (``agentrl/methods/base.py``) registered with
 ``@register_method``, like an advantage estimator (``agentrl/algos/registry.py``). The built-in
-ones (``agentrl/methods/rspo/``) are imported on first use; a run adds its own through
+ones, the subpackages of ``agentrl/methods/``, are imported on first use; a run adds its own through
 ``algo.plugins`` (modules or ``.py`` files), which are imported again wherever the registry is
 asked through a config: ``active_methods`` in the driver, ``build_method`` in a Ray actor that
 unpickles one. A method decides from the config whether it is on (``Method.enabled``); there is
@@ -17,6 +17,7 @@ from __future__ import annotations
 import copyreg
 import difflib
 import importlib
+import pkgutil
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
     from agentrl.config import Config
 
 _REGISTRY: dict[str, type[Method]] = {}
-_BUILTINS = ("agentrl.methods.rspo",)
+# one subpackage per built-in method: found, not listed, so this module names none of them
+_BUILTINS = tuple(f"{__package__}.{m.name}" for m in pkgutil.iter_modules(sys.modules[__package__].__path__) if m.ispkg)
 
 
 def register_method(cls: type[Method]) -> type[Method]:

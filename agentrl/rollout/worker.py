@@ -140,8 +140,8 @@ def exit_if_engine_dead(err: BaseException, worker_index: int) -> None:
 class RolloutWorker:
     def __init__(self, model_path: str, rollout_cfg, dtype: str, tool_actors: list, worker_index: int = 0,
                  weight_sync: str = "object_store", rewards_cfg=None, role: str = POLICY, agent_cfg=None):
-        """``role``: POLICY (serves the policy being trained) or EXPLORER (RSPO's explorer; its
-        episodes and groups are tagged so). ``agent_cfg``: the ``agent:`` section (tool-call
+        """``role``: POLICY (serves the policy being trained) or a method's rollout role (e.g. an
+        exploration policy); its episodes and groups are tagged so. ``agent_cfg``: the ``agent:`` section (tool-call
         format, chat template, system prompt); None = its defaults."""
         set_default_env()
         self.model_path, self.cfg, self.dtype = model_path, rollout_cfg, dtype
@@ -278,7 +278,7 @@ class RolloutWorker:
         ``EpisodeGroup`` (or None) per task, meant to be called with ``num_returns=len(tasks) + 1``
         (``cluster.RolloutCall``) so that each group is an object of its own, owned by the caller.
         ``mix_keys`` (one per task): groups of other workers with the same key are parts of the
-        same group (RSPO's explorer). A group whose environment failed (its tool actor died, its
+        same group (a method's rollout role). A group whose environment failed (its tool actor died, its
         simulator timed out) is rolled out again, up to ``env_retries`` times
         (``runtime.max_actor_restarts``),
         then its failed episodes are dropped and counted in its summary (``env_failures``); a group

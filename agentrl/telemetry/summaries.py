@@ -44,7 +44,7 @@ def step_metrics(summaries: list[GroupSummary], timings: Mapping[str, float], le
     their environment failed (after ``recovery/env_reruns`` of their group) are counted
     (``train/env_failures``, ``recovery/dropped_episodes``) and are in no other number; a group
     they emptied is left out. ``namespaces``: prefixes of learner metrics kept as they are instead
-    of going under ``learner/`` (the run's methods', e.g. ``"rspo/"``).
+    of going under ``learner/`` (the run's methods', ``"<method name>/"``).
     """
     failures = float(sum(s.env_failures for s in summaries))
     reruns = float(sum(s.env_reruns for s in summaries))

@@ -12,7 +12,8 @@ Where it plugs in (``agentrl/methods/base.py``):
 * ``learner_part``: B itself, beside A in the learner (``part.py``, ``explorer.py``).
 
 The config section stays in ``agentrl/config/rspo_schema.py`` (configs validate without this
-package's torch parts); the method is on when ``rspo.enabled`` is.
+package's torch parts); the method is on when ``rspo.enabled`` is. ``EXPLORER`` (``groups.py``)
+is the name of B's rollout role.
 """
 
 from __future__ import annotations

@@ -26,7 +26,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agentrl.api import EXPLORER, POLICY, EpisodeGroup, TrainBatch
+from agentrl.api import POLICY, EpisodeGroup, TrainBatch
+
+# the explorer's rollout role: Episode.policy / EpisodeGroup.policy of its episodes, the plan's role
+# name, the learner part's role
+EXPLORER = "explorer"
 
 
 def merge_mixed_groups(groups: list[EpisodeGroup]) -> list[EpisodeGroup]:
