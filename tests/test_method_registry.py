@@ -1,5 +1,7 @@
 """The method registry (agentrl/methods/registry.py): registration is checked, a method turns
-itself on from the config, and a registered method travels to another process by name.
+itself on from the config, a registered method travels to another process by name, and a
+method registered from this one file changes a step's groups end to end (``prepare_step``
+without Ray; the learner actor through Ray).
 
 This module is itself a method plugin (``algo.plugins`` names this file): importing it
 registers ``flip_outcome``, which is on only for runs named "flip-outcome".
@@ -15,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.api import Episode, EpisodeGroup
 from agentrl.config import load_config
+from agentrl.learning.step import prepare_step
 from agentrl.methods import registry
 from agentrl.methods.base import Method, RolloutRole
 from agentrl.methods.registry import active_methods, build_method, extra_roles, register_method
@@ -44,6 +48,16 @@ class FlipOutcome(Method):
 
 def _cfg(*more: str):
     return load_config(None, [f"algo.plugins=[{HERE}]", "algo.reward=outcome", *more])
+
+
+def _episode(outcome: float) -> Episode:
+    """6 tokens (ids the tiny model knows), 3 of them the policy's."""
+    return Episode("t", [1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 0, 1], [0.0, 0.0, -0.5, -0.5, 0.0, -0.5], [0, 0, 1, 1, 0, 1], 2,
+                   [outcome == 1.0], 1, rewards={"outcome": outcome, "progress": outcome})
+
+
+def _group() -> EpisodeGroup:
+    return EpisodeGroup("t", "g", 0, [_episode(1.0), _episode(0.0), _episode(0.0)])
 
 
 @pytest.fixture
@@ -101,3 +115,36 @@ def test_a_method_pickles_by_name_and_a_fresh_process_rebuilds_it_from_the_confi
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True,
                          input=pickle.dumps(method)).stdout
     assert out.decode().split() == ["flip_outcome", "FlipOutcome", "flip-outcome"]
+
+
+def test_the_method_flips_the_advantages_of_a_step():
+    """GRPO on outcomes (1, 0, 0) and, flipped by the method, (0, 1, 1): the same deviations from
+    the group mean with the sign turned, over the same std, so every advantage is negated."""
+    on, off = _cfg("run.name=flip-outcome"), _cfg()
+    flipped = prepare_step([_group()], active_methods(on), on.algo, seed=0, version=0).batch.advantages
+    plain = prepare_step([_group()], active_methods(off), off.algo, seed=0, version=0).batch.advantages
+    assert any(any(row) for row in plain)
+    assert flipped == [pytest.approx([-a for a in row]) for row in plain]
+
+
+@pytest.mark.integration
+def test_the_method_reaches_the_learner_actor(tiny_model_dir, ray_cluster):
+    """Handed to the learner actor (another process, which never imported this file), the method
+    is rebuilt from the config's plugins and its hooks run there; the step's metrics keep its
+    namespace out of learner/."""
+    import ray
+
+    from agentrl.api import GroupRef
+    from agentrl.learning.learner import LearnerActor
+    from agentrl.telemetry.summaries import STEP_TIMINGS, step_metrics
+
+    cfg = _cfg("run.name=flip-outcome", "algo.kl_coef=0.0")
+    learner = LearnerActor.options(num_cpus=1).remote(str(tiny_model_dir), cfg.learner, cfg.algo, "float32", 0,
+                                                      methods=active_methods(cfg))
+    try:
+        m = ray.get(learner.train.remote([GroupRef(ray.put(_group()), 0)]))
+    finally:
+        ray.kill(learner)
+    assert m["flip_outcome/groups"] == 1.0 and m["tokens"] == 9
+    out = step_metrics([], dict.fromkeys(STEP_TIMINGS, 0.0), m, 1, namespaces=("flip_outcome/",))
+    assert "flip_outcome/groups" in out and "learner/flip_outcome/groups" not in out and "learner/tokens" in out
