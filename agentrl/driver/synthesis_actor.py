@@ -82,7 +82,7 @@ class SynthesisActor:
         self.cfg = rods_cfg
         self.lock = threading.Lock()
         self.events: list[dict] = []
-        self.seeds, self.tasks_per_step, self.forbidden_texts = seeds, tasks_per_step, forbidden_texts
+        self.tasks_per_step, self.forbidden_texts = tasks_per_step, forbidden_texts  # a restored pool needs them
         # a saved pool replaces it (below, or load_state_dict: a resumed run, which may have no seeds)
         self.pool = ActivePool(seeds, rods_cfg, tasks_per_step, forbidden_texts, rng_seed=run_seed,
                                log=self.events.append) if seeds and state is None else None
