@@ -185,7 +185,7 @@ def run_case(name: str, model: str, refs: list, args: argparse.Namespace) -> dic
     """Build the case's group, train ``--steps`` steps, kill it; errors are recorded, not raised."""
     import ray
 
-    from agentrl.config.schema import AlgoConfig, LearnerConfig, LoraConfig
+    from agentrl.config.schema import AlgoConfig, Config, LearnerConfig, LoraConfig, ModelConfig
     from agentrl.learning.learner_group import LearnerGroup
 
     ranks, zero, levers, lora = CASES[name]
@@ -193,10 +193,11 @@ def run_case(name: str, model: str, refs: list, args: argparse.Namespace) -> dic
     try:  # validated: a lever the config refuses fails here, with the config's message
         lcfg = LearnerConfig(zero_stage=zero, num_ranks=ranks, micro_batch_size=args.micro_batch_size, threads=1,
                              max_tokens_per_micro_batch=args.max_tokens, **levers)
-        lora_cfg = LoraConfig(rank=lora, alpha=2.0 * lora) if lora else None
+        lora_cfg = LoraConfig(rank=lora, alpha=2.0 * lora) if lora else LoraConfig()
+        cfg = Config(model=ModelConfig(path=model, dtype=args.dtype, lora=lora_cfg), learner=lcfg,
+                     algo=AlgoConfig(kl_coef=args.kl_coef))  # runtime: 1 CPU per rank, no GPU
         t0 = time.perf_counter()
-        group = LearnerGroup.create(model, lcfg, AlgoConfig(kl_coef=args.kl_coef), args.dtype, 0, 1.0, None,
-                                    cpus=1, gpus=0, lora_cfg=lora_cfg)
+        group = LearnerGroup.create(cfg, model)
         ray.get(group.get_version.remote(), timeout=args.timeout)  # every rank built (or its error)
         out["build_s"] = time.perf_counter() - t0
         times = []

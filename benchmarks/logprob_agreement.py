@@ -49,7 +49,7 @@ def main() -> None:
     started = time.time()
     pool = ToolPool.create(1, cfg.runtime.tool_actor_cpus, cfg.tools.max_concurrency)
     worker = RolloutWorker.options(num_cpus=1).remote(model, cfg.rollout, dtype, pool.actors, 0, agent_cfg=cfg.agent)
-    learner = LearnerActor.options(num_cpus=1).remote(model, cfg.learner, cfg.algo, dtype, cfg.run.seed)
+    learner = LearnerActor.options(num_cpus=1).remote(cfg, model)
     ray.get(worker.start.remote())
     print(f"engine and learner up ({time.time() - started:.0f} s): {model}, {dtype}", flush=True)
 

@@ -22,6 +22,7 @@ from agentrl.algos import estimators, registry
 from agentrl.algos.batching import build_batch
 from agentrl.algos.registry import Estimator, register_estimator
 from agentrl.api import Episode, EpisodeGroup
+from agentrl.common.plugins import load_plugins
 from agentrl.config import ConfigError, load_config
 from agentrl.config.schema import KNOWN_ADVANTAGES
 
@@ -181,22 +182,24 @@ def test_plugin_files_become_absolute_paths(monkeypatch):
 
 
 def test_a_plugin_file_already_imported_is_not_imported_again():
-    registry.load_plugins([HERE])  # pytest imported this file as a module: no second copy
+    load_plugins([HERE])  # pytest imported this file as a module: no second copy
     assert type(registry.get_estimator("sign")) is Sign
 
 
-def test_a_fresh_process_finds_the_plugin_through_the_config():
-    """What the learner actor does: a config validated elsewhere arrives unpickled (no
-    validation), and looking the estimator up imports the plugin."""
+def test_a_fresh_process_finds_the_plugin_once_it_loads_the_configs_list():
+    """What the learner actor does: a config validated elsewhere arrives unpickled (no validation,
+    no import); the actor loads ``cfg.plugins`` first, then the estimator is found."""
     import pickle
 
-    algo = _config(f"algo.plugins=[{HERE}]", "algo.advantage=sign").algo
+    cfg = _config(f"algo.plugins=[{HERE}]", "algo.advantage=sign")
     code = ("import pickle, sys; from agentrl.algos.batching import build_batch; "
-            "algo, group = pickle.loads(sys.stdin.buffer.read()); "
-            "batch, stats = build_batch([group], algo); print(batch.advantages[1][2], stats['groups_with_signal'])")
+            "from agentrl.algos.registry import estimator_names; from agentrl.common.plugins import load_plugins; "
+            "cfg, group = pickle.loads(sys.stdin.buffer.read()); print('sign' in estimator_names()); "
+            "load_plugins(cfg.plugins); "
+            "batch, stats = build_batch([group], cfg.algo); print(batch.advantages[1][2], stats['groups_with_signal'])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True,
-                         input=pickle.dumps((algo, GROUP))).stdout
-    assert out.decode().split() == ["-1.0", "1.0"]
+                         input=pickle.dumps((cfg, GROUP))).stdout
+    assert out.decode().split() == ["False", "-1.0", "1.0"]
 
 
 @pytest.mark.integration

@@ -206,7 +206,7 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
     cfg = _config(tiny_model_dir, tmp_path, "learner.lr=1e-2", "algo.kl_coef=0.0", "rollout.engine.block_size=32")
     pool = ToolPool.create(1, 0.1, 8)
     worker = RolloutWorker.options(num_cpus=1).remote(str(tiny_model_dir), cfg.rollout, "float32", pool.actors, 0)
-    learner = LearnerActor.options(num_cpus=1).remote(str(tiny_model_dir), cfg.learner, cfg.algo, "float32", 0)
+    learner = LearnerActor.options(num_cpus=1).remote(cfg, str(tiny_model_dir))
     ray.get(worker.start.remote())
     assert ray.get(worker.__ray_call__.remote(lambda w: w.engine.engine.vllm_config.cache_config.block_size)) == 32
     sync = make_weight_sync("object_store", learner, [worker])
@@ -256,8 +256,8 @@ def test_engine_logprobs_match_learner_after_weight_sync(tiny_model_dir, ray_clu
     from agentrl.config.schema import LoraConfig
 
     ray.kill(learner)
-    learner = LearnerActor.options(num_cpus=1).remote(str(tiny_model_dir), cfg.learner, cfg.algo, "float32", 0,
-                                                      lora_cfg=LoraConfig(rank=8, alpha=16.0))
+    lora = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": LoraConfig(rank=8, alpha=16.0)})})
+    learner = LearnerActor.options(num_cpus=1).remote(lora, str(tiny_model_dir))
     for _ in range(2):  # B starts at 0: the first step moves only A's gradient path
         ray.get(learner.train.remote([GroupRef(ray.put(group), group.version)]))
     stale = ray.get(worker.sample_one.remote(task, 321))
@@ -286,8 +286,7 @@ def test_bf16_engine_takes_the_learners_weights(tiny_model_dir, ray_cluster, tmp
                   "learner.autocast=bfloat16")
     pool = ToolPool.create(1, 0.1, 8)
     worker = RolloutWorker.options(num_cpus=1).remote(str(tiny_model_dir), cfg.rollout, "float32", pool.actors, 0)
-    learner = LearnerActor.options(num_cpus=1).remote(str(tiny_model_dir), cfg.learner, cfg.algo, "float32", 0,
-                                                      sampler_dtype="bfloat16")
+    learner = LearnerActor.options(num_cpus=1).remote(cfg, str(tiny_model_dir))  # sampler dtype: rollout.engine.dtype
     ray.get(worker.start.remote())
     task = builtin_split("heldout")[0]
 
@@ -347,8 +346,8 @@ def test_every_estimator_trains_on_real_rollouts(tiny_model_dir, ray_cluster, tm
             e.rewards.update(progress=float(k % 2) / e.n_turns, outcome=0.0, process=k / 4, summary=1 - k / 4)
     refs = [GroupRef(ray.put(g), g.version) for g in groups]
     for name, *extra in ESTIMATORS:
-        algo_cfg = _config(tiny_model_dir, tmp_path, f"algo.advantage={name}", *extra).algo
-        learner = LearnerActor.options(num_cpus=1).remote(str(tiny_model_dir), cfg.learner, algo_cfg, "float32", 0)
+        learner = LearnerActor.options(num_cpus=1).remote(_config(tiny_model_dir, tmp_path, f"algo.advantage={name}", *extra),
+                                                          str(tiny_model_dir))
         try:
             m = ray.get(learner.train.remote(refs))
         finally:

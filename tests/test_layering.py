@@ -16,7 +16,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "agentrl"
 
 # Lower layers first. A package may import itself and anything listed before it.
-ORDER = ["api", "llm", "tasks", "envs", "agent", "rewards", "algos", "rods", "config", "telemetry", "models",
+ORDER = ["common", "api", "llm", "tasks", "envs", "agent", "rewards", "algos", "rods", "config", "telemetry", "models",
          "weight_sync", "engines", "methods", "planning", "rollout", "learning", "checkpointing", "driver",
          "cli", "__main__"]
 HEAVY = {"torch", "vllm", "deepspeed", "transformers", "ray", "openai", "matplotlib", "pyarrow", "bfcl_eval", "tau2",

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from agentrl.api import Episode, EpisodeGroup, GroupRef
-from agentrl.config.schema import AlgoConfig, CriticConfig, LearnerConfig, RspoConfig
+from agentrl.config import Config
+from agentrl.config.schema import AlgoConfig, CriticConfig, LearnerConfig, ModelConfig, RspoConfig
 from agentrl.methods.rspo import EXPLORER
 
 pytestmark = pytest.mark.integration
@@ -66,13 +67,12 @@ def _refs(groups):
 
 
 def _start(model_dir, lcfg, algo, ranks: int, rspo=None):
-    from agentrl.config import Config
     from agentrl.learning.learner_group import LearnerGroup
     from agentrl.methods.rspo import RspoMethod
 
-    lcfg = lcfg.model_copy(update={"num_ranks": ranks})
-    methods = [RspoMethod(Config(algo=algo, rspo=rspo))] if rspo is not None else None
-    group = LearnerGroup.create(model_dir, lcfg, algo, "float32", 0, 1.0, methods, cpus=1, gpus=0)
+    cfg = Config(learner=lcfg.model_copy(update={"num_ranks": ranks}), algo=algo, **({"rspo": rspo} if rspo else {}))
+    assert RspoMethod.enabled(cfg) == (rspo is not None)  # the learner builds the run's methods from its config
+    group = LearnerGroup.create(cfg, model_dir)
     import ray
 
     assert ray.get(group.get_version.remote()) == 0
@@ -233,8 +233,9 @@ def test_lora_trains_adapters_only_and_two_ranks_make_the_one_rank_update(model_
     for ranks in (1, 2):
         from agentrl.learning.learner_group import LearnerGroup
 
-        group = LearnerGroup.create(model_dir, lcfg.model_copy(update={"num_ranks": ranks}), AlgoConfig(kl_coef=0.01),
-                                    "float32", 0, 1.0, None, cpus=1, gpus=0, lora_cfg=lora)
+        cfg = Config(model=ModelConfig(lora=lora), learner=lcfg.model_copy(update={"num_ranks": ranks}),
+                     algo=AlgoConfig(kl_coef=0.01))
+        group = LearnerGroup.create(cfg, model_dir)
         try:
             results.append((ray.get(group.train.remote(_refs(_groups()))), _weights(group)))
             if ranks == 2:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.cli import main
-from agentrl.envs import plugins
+from agentrl.common import plugins
 from agentrl.envs.session import LocalEnvSession
 from agentrl.rewards.registry import idle_episode, reads_live_session, register_reward, run_reward
 from agentrl.rewards.scoring import score_episode
@@ -119,7 +119,6 @@ def plugin_file(tmp_path_factory) -> Path:
 def env(plugin_file, monkeypatch):
     """The plugin imported, from the repository root; the process's plugin record restored afterwards."""
     monkeypatch.setattr(plugins, "_LOADED", dict(plugins._LOADED))
-    monkeypatch.setenv(plugins.ENV_VAR, os.environ.get(plugins.ENV_VAR, ""))
     monkeypatch.chdir(ROOT)
     plugins.load_plugins([str(plugin_file)])
     return plugin_file

@@ -22,7 +22,7 @@ from agentrl.config import load_config
 from agentrl.learning.step import prepare_step
 from agentrl.methods import registry
 from agentrl.methods.base import Method, RolloutRole
-from agentrl.methods.registry import active_methods, build_method, extra_roles, register_method
+from agentrl.methods.registry import active_methods, extra_roles, register_method
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = str(Path(__file__).resolve())
@@ -78,8 +78,6 @@ def test_registration_is_checked(scratch):
     with pytest.raises(ValueError, match="already registered by .*FlipOutcome"):
         register_method(type("Other", (FlipOutcome,), {"name": "flip_outcome"}))
     assert register_method(FlipOutcome) is FlipOutcome  # its module imported again: replaced, no clash
-    with pytest.raises(KeyError, match="did you mean 'flip_outcome'"):
-        build_method("flip_outcom", _cfg())
 
 
 def test_a_method_turns_itself_on_from_the_config():
@@ -105,16 +103,17 @@ def test_rollout_roles_are_checked(scratch):
         extra_roles(_cfg("run.name=flip-outcome"))
 
 
-def test_a_method_pickles_by_name_and_a_fresh_process_rebuilds_it_from_the_config_plugins():
-    """What a Ray actor does with the methods it is handed: unpickling looks the name up in the
-    registry after importing the config's plugins (this file, which that process never imported)."""
-    method = active_methods(_cfg("run.name=flip-outcome"))[0]
-    assert type(pickle.loads(pickle.dumps(method))) is FlipOutcome
-    code = ("import pickle, sys; m = pickle.loads(sys.stdin.buffer.read()); "
-            "print(m.name, type(m).__name__, m.cfg.run.name)")
+def test_a_fresh_process_builds_the_method_once_it_loads_the_configs_plugins():
+    """What the learner actor does with the config it is handed: nothing arrives pickled but the
+    config, so the method is unknown there until ``load_plugins(cfg.plugins)`` imports this file."""
+    cfg = _cfg("run.name=flip-outcome")
+    code = ("import pickle, sys; from agentrl.common.plugins import load_plugins; "
+            "from agentrl.methods.registry import active_methods; cfg = pickle.loads(sys.stdin.buffer.read()); "
+            "print(len(active_methods(cfg))); load_plugins(cfg.plugins); "
+            "[m] = active_methods(cfg); print(m.name, type(m).__name__, m.cfg.run.name)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True,
-                         input=pickle.dumps(method)).stdout
-    assert out.decode().split() == ["flip_outcome", "FlipOutcome", "flip-outcome"]
+                         input=pickle.dumps(cfg)).stdout
+    assert out.decode().split() == ["0", "flip_outcome", "FlipOutcome", "flip-outcome"]
 
 
 def test_the_method_flips_the_advantages_of_a_step():
@@ -129,8 +128,8 @@ def test_the_method_flips_the_advantages_of_a_step():
 
 @pytest.mark.integration
 def test_the_method_reaches_the_learner_actor(tiny_model_dir, ray_cluster):
-    """Handed to the learner actor (another process, which never imported this file), the method
-    is rebuilt from the config's plugins and its hooks run there; the step's metrics keep its
+    """Handed the config, the learner actor (another process, which never imported this file)
+    loads its plugins and builds the method from it; its hooks run there; the step's metrics keep its
     namespace out of learner/."""
     import ray
 
@@ -139,8 +138,7 @@ def test_the_method_reaches_the_learner_actor(tiny_model_dir, ray_cluster):
     from agentrl.telemetry.summaries import STEP_TIMINGS, step_metrics
 
     cfg = _cfg("run.name=flip-outcome", "algo.kl_coef=0.0")
-    learner = LearnerActor.options(num_cpus=1).remote(str(tiny_model_dir), cfg.learner, cfg.algo, "float32", 0,
-                                                      methods=active_methods(cfg))
+    learner = LearnerActor.options(num_cpus=1).remote(cfg, str(tiny_model_dir))
     try:
         m = ray.get(learner.train.remote([GroupRef(ray.put(_group()), 0)]))
     finally:

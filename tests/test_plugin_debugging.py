@@ -11,7 +11,6 @@ The plugin is written into a temporary folder, as a user's would be: a meeting-r
 from __future__ import annotations
 
 import json
-import os
 import re
 import textwrap
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 
 from agentrl.api import Episode, EpisodeGroup
 from agentrl.cli import main
-from agentrl.envs import plugins
+from agentrl.common import plugins
 from agentrl.envs.session import LocalEnvSession
 from agentrl.rollout.worker import eval_row, group_summary
 from agentrl.tasks.io import load_tasks
@@ -107,7 +106,6 @@ def plugin_folder(tmp_path_factory) -> Path:
 def env(plugin_folder, monkeypatch):
     """The plugin imported, from the repository root; the process's plugin record restored afterwards."""
     monkeypatch.setattr(plugins, "_LOADED", dict(plugins._LOADED))
-    monkeypatch.setenv(plugins.ENV_VAR, os.environ.get(plugins.ENV_VAR, ""))
     monkeypatch.chdir(ROOT)
     plugins.load_plugins([str(plugin_folder / "env.py")])
     return plugin_folder
@@ -241,7 +239,6 @@ def test_a_plugin_that_fails_at_registration_names_its_line(tmp_path, monkeypatc
     from agentrl.config import ConfigError, load_config
 
     monkeypatch.setattr(plugins, "_LOADED", dict(plugins._LOADED))
-    monkeypatch.setenv(plugins.ENV_VAR, os.environ.get(plugins.ENV_VAR, ""))
     bad = tmp_path / "bad_env.py"
     bad.write_text(textwrap.dedent('''
         from agentrl.envs.registry import register_backend
@@ -259,7 +256,6 @@ def test_a_plugin_that_fails_at_registration_names_its_line(tmp_path, monkeypatc
 def test_the_docs_idle_check_runs_as_written_on_the_example(monkeypatch):
     """docs/own_tools.md's idle-episode check (``idle_episode``, a named constructor), on the example."""
     monkeypatch.setattr(plugins, "_LOADED", dict(plugins._LOADED))
-    monkeypatch.setenv(plugins.ENV_VAR, os.environ.get(plugins.ENV_VAR, ""))
     monkeypatch.chdir(ROOT)
     page = (ROOT / "docs" / "own_tools.md").read_text(encoding="utf-8")
     [snippet] = [b for b in re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M) if "idle_episode" in b]

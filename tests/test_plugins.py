@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pickle
 import re
 import shlex
@@ -21,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from agentrl.api import Episode
+from agentrl.common import plugins
 from agentrl.config import ConfigError, dump_config, load_config
-from agentrl.envs import plugins
 from agentrl.envs.builtin.generator import builtin_split
 from agentrl.envs.registry import (
     PluginSession,
@@ -104,10 +103,8 @@ def _episode(task: Task, calls: list[list[ToolCall]], termination: str = "done")
 
 @pytest.fixture
 def restore_plugins(monkeypatch):
-    """Keep this process's plugin record as it was: a test that imports a temporary plugin must not
-    send it along with every later config (``PluginList`` carries all imported plugins)."""
+    """Keep this process's plugin record as it was (a test that imports a temporary plugin)."""
     monkeypatch.setattr(plugins, "_LOADED", dict(plugins._LOADED))
-    monkeypatch.setenv(plugins.ENV_VAR, os.environ.get(plugins.ENV_VAR, ""))
 
 
 @pytest.fixture
@@ -297,7 +294,8 @@ def test_plugins_that_fail_to_import_are_config_errors_naming_them(tmp_path, res
 
 
 def test_the_config_keeps_absolute_paths_and_dumps_plain_lists(example):
-    assert example.envs.plugins == [str(EXAMPLE / "env.py")] and isinstance(example.envs.plugins, plugins.PluginList)
+    assert example.envs.plugins == [str(EXAMPLE / "env.py")] and type(example.envs.plugins) is list
+    assert example.plugins == [str(EXAMPLE / "env.py")]  # envs, rewards and algo plugins, each once
     text = dump_config(example)
     assert f"- {EXAMPLE / 'env.py'}" in text
     assert load_config(None, [f"envs.plugins=[{EXAMPLE / 'env.py'}]"]).envs == example.envs
@@ -307,48 +305,50 @@ def test_the_config_keeps_absolute_paths_and_dumps_plain_lists(example):
 
 _PROBE = """
 import pickle, sys
+from agentrl.common.plugins import load_plugins
 from agentrl.envs import registry
-assert "kvstore" not in registry._BACKENDS
-rewards = pickle.load(sys.stdin.buffer)  # what a rollout worker's constructor argument does
-assert "kvstore" in registry._BACKENDS, "not registered"
-print(list(rewards.plugins), registry._BACKENDS["kvstore"].reward)
+cfg = pickle.load(sys.stdin.buffer)  # what an actor's constructor argument is
+assert "kvstore" not in registry._BACKENDS, "unpickling the config imported a plugin"
+print("known" if registry.backend_info("kvstore") else "unknown")  # and no lookup imports it
+load_plugins(cfg.plugins)  # what every actor does first
+print(registry._BACKENDS["kvstore"].reward)
 """
 
 
-def test_the_rewards_section_carries_every_plugin_into_another_process(example):
-    env = {k: v for k, v in os.environ.items() if k != plugins.ENV_VAR}  # only the pickled config may help
-    out = subprocess.run([sys.executable, "-c", _PROBE], input=pickle.dumps(example.rewards), env=env, cwd="/",
+def test_another_process_has_the_plugins_only_once_it_loads_the_configs_list(example):
+    """No hidden channel: a process that receives the config learns nothing from unpickling it or
+    from its environment (the suite's own may hold anything); ``load_plugins(cfg.plugins)``,
+    what each actor's constructor runs, registers the backend and its reward."""
+    out = subprocess.run([sys.executable, "-c", _PROBE], input=pickle.dumps(example), cwd="/",
                          capture_output=True, check=True).stdout.decode()
-    assert out.split() == ["[]", "kvstore_goal"]  # rewards.plugins is empty: envs.plugins came along
+    assert out.split() == ["unknown", "kvstore_goal"]
 
 
-_LAZY = """
-from agentrl.envs.registry import make_backend
-from agentrl.tasks.schema import ToolCall
-from agentrl.tasks.io import load_tasks
-task = load_tasks("{tasks}")[0]  # the load check imports AGENTRL_PLUGINS to find the backend
-print(make_backend(task).execute(ToolCall(name="put", arguments={{"key": "a", "value": "b"}})))
-"""
-
-
-def test_agentrl_plugins_lets_a_process_without_config_find_them():
-    env = {**os.environ, plugins.ENV_VAR: str(EXAMPLE / "env.py")}
-    out = subprocess.run([sys.executable, "-c", _LAZY.format(tasks=EXAMPLE / "tasks.jsonl")], env=env, cwd="/",
-                         capture_output=True, check=True, text=True).stdout
-    assert out.strip() == "{'key': 'a', 'stored': 'b', 'ttl': None}"
+def test_a_command_without_config_takes_its_plugins_by_flag(tmp_path, capsys):
+    """``agentrl tasks export`` has no config: without --plugin the tasks' backend is unknown (exit 2,
+    the message says how plugins are given); with it, the tasks are written."""
+    code = ("import sys; from agentrl.cli import main; sys.exit(main(sys.argv[1:]))")
+    base = [sys.executable, "-c", code, "tasks", "export", str(EXAMPLE / "tasks.jsonl")]
+    bare = subprocess.run([*base, str(tmp_path / "a.jsonl")], cwd=tmp_path, capture_output=True, text=True)
+    assert bare.returncode == 2 and "unknown backend 'kvstore'" in bare.stderr and "--plugin" in bare.stderr, bare.stderr
+    flagged = subprocess.run([*base, str(tmp_path / "b.jsonl"), "--plugin", str(EXAMPLE / "env.py")], cwd=tmp_path,
+                             capture_output=True, text=True)
+    assert flagged.returncode == 0, flagged.stderr
+    assert [t.id for t in load_tasks(tmp_path / "b.jsonl")] == [t.id for t in load_tasks(EXAMPLE / "tasks.jsonl")]
 
 
 @pytest.mark.integration
-def test_a_tool_pool_actor_finds_the_plugin_through_agentrl_plugins(ray_cluster, example):
-    """``tools.placement: pool``: the actor gets no config, only tasks. On an embedded cluster it
-    inherits AGENTRL_PLUGINS from the driver; on a joined one the job's runtime_env passes it,
-    as here (this session's cluster may have started before any config was validated)."""
+def test_a_tool_pool_actor_loads_the_plugins_it_is_given(ray_cluster, example):
+    """``tools.placement: pool``, the production path: ``ToolPool.create`` hands each actor the
+    config's plugins (``Config.plugins``), with no environment channel (the session's cluster
+    started before this config was validated)."""
     import ray
 
-    from agentrl.rollout.tool_pool import ToolBackendActor
+    from agentrl.rollout.tool_pool import ToolPool
 
     task = load_tasks(EXAMPLE / "tasks.jsonl")[1]
-    actor = ToolBackendActor.options(runtime_env={"env_vars": {plugins.ENV_VAR: str(EXAMPLE / "env.py")}}).remote()
+    pool = ToolPool.create(1, 0.5, 4, placement="pool", plugins=example.plugins)
+    actor = pool.actors[0]
     try:
         ray.get(actor.open.remote("s1", task))
         call = ToolCall(name="put", arguments={"key": "session", "value": "abc123", "ttl": 60})

@@ -198,7 +198,7 @@ def test_two_learner_ranks_put_their_own_parts_into_s3_and_read_them_back(ray_cl
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from agentrl.config.schema import AlgoConfig, LearnerConfig
+    from agentrl.config.schema import AlgoConfig, Config, LearnerConfig
     from agentrl.learning.learner_group import LearnerGroup
 
     torch.manual_seed(0)
@@ -209,7 +209,7 @@ def test_two_learner_ranks_put_their_own_parts_into_s3_and_read_them_back(ray_cl
     ckpt = Storage(_s3_uri(s3_endpoint, _bucket(s3_endpoint), "runs")).child("job").child("checkpoint-1")
 
     def start() -> LearnerGroup:
-        group = LearnerGroup.create(str(model), lcfg, AlgoConfig(kl_coef=0.0), "float32", 0, 1.0, None, cpus=1, gpus=0)
+        group = LearnerGroup.create(Config(learner=lcfg, algo=AlgoConfig(kl_coef=0.0)), str(model))
         assert ray.get(group.get_version.remote()) == 0
         return group
 

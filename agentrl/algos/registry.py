@@ -9,8 +9,8 @@ the shared rest: KL in the reward, flattening into the learner's batch, the stat
 
 The built-in estimators live in ``agentrl/algos/estimators.py`` (loaded on first use); a run can
 add its own with ``algo.plugins``: Python modules, or paths of ``.py`` files, imported (once per
-process) when the config is validated and again wherever the estimator is looked up through the
-config (``estimator_for``), which is how the learner's Ray actor, a process of its own, sees them.
+process, ``agentrl.common.plugins.load_plugins``) when the config is validated and by every actor
+that receives the config (the learner's Ray actor is a process of its own).
 See docs/design.md §9.
 
 This module imports neither torch nor Ray: ``agentrl.config`` validates ``algo.advantage`` and
@@ -24,11 +24,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import sys
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from agentrl.api import Episode
-from agentrl.envs.plugins import absolute_plugins, import_plugin, is_plugin_file  # one loader for every plugin kind
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -162,23 +160,11 @@ def unknown_estimator_message(name: str) -> str:
     return f"unknown advantage estimator '{name}' ({hint}known: {', '.join(known)})"
 
 
-def load_plugins(plugins: Iterable[str]) -> None:
-    """Import every plugin once in this process: a dotted module name (``my_pkg.estimators``,
-    importable here) or the path of a ``.py`` file (``is_plugin_file``). Importing runs the
-    module's ``@register_estimator`` decorators. A file already imported as a module (by path)
-    is not imported again. Any failure becomes a ValueError naming the plugin."""
-    _load_builtins()
-    for plugin in plugins:
-        import_plugin(plugin, "estimator plugin")
-
-
 def estimator_for(algo: Any) -> Estimator:
-    """The estimator an ``AlgoConfig`` selects, its plugins imported into this process first (a
-    config validated in the driver reaches a Ray actor unpickled, without re-validation)."""
-    load_plugins(getattr(algo, "plugins", ()) or ())
+    """The estimator an ``AlgoConfig`` selects (its ``algo.plugins`` were loaded in this process:
+    by the config's validation, or by the actor that received the config)."""
     return get_estimator(algo.advantage)
 
 
-__all__ = ["FLAGS", "Estimator", "GroupAdvantages", "absolute_plugins", "builtin_estimator_names", "estimator_for",
-           "estimator_names", "get_estimator", "is_plugin_file", "load_plugins", "register_estimator",
-           "unknown_estimator_message"]
+__all__ = ["FLAGS", "Estimator", "GroupAdvantages", "builtin_estimator_names", "estimator_for", "estimator_names",
+           "get_estimator", "register_estimator", "unknown_estimator_message"]

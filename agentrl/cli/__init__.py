@@ -18,9 +18,9 @@ from agentrl import __version__
 from agentrl.checkpointing.preemption import EXIT_PREEMPTED, Preempted, ResumableFailure
 from agentrl.cli._common import fail as _fail
 from agentrl.cli.make_model import add_make_model_parser
+from agentrl.common.plugins import find_plugin_error, load_plugins
 from agentrl.config import InputError
 from agentrl.config.process_env import set_default_env
-from agentrl.envs.plugins import find_plugin_error
 from agentrl.telemetry.trajectories import TrajectoryError, read_trajectories
 from agentrl.telemetry.transcript import print_episodes
 
@@ -321,6 +321,7 @@ def _tasks_export(args: argparse.Namespace) -> int:
     from agentrl.tasks.io import TaskFileError, save_tasks
 
     try:
+        load_plugins(args.plugin)  # the backends and rewards the tasks name (a config's envs/rewards.plugins)
         tasks = list(resolve_task_source(args.source))
         save_tasks(tasks, args.out)
     except (TaskFileError, ValueError, OSError) as err:
@@ -440,6 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "suffix (.jsonl or .parquet).")
     p.add_argument("source", metavar="SOURCE", help="builtin:train, builtin:heldout or a file")
     p.add_argument("out", metavar="OUT", help="output file, .jsonl or .parquet")
+    p.add_argument("--plugin", action="append", default=[], metavar="P",
+                   help="a plugin module or .py file that registers the tasks' backends or rewards (repeatable)")
     p.set_defaults(func=_tasks_export)
     return parser
 

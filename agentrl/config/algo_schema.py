@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, Strict, field_validator, model_validator
 
 from agentrl.algos import registry
+from agentrl.common.plugins import config_plugins
 from agentrl.config.types import Beta, Bool, NonEmptyStr, NonNegFloat, NonNegInt, OpenUnit, PosFloat, PosInt, Section, Unit
 
 
@@ -95,9 +96,7 @@ class AlgoConfig(Section):
     @field_validator("plugins")
     @classmethod
     def _import_plugins(cls, value: list[str]) -> list[str]:
-        value = registry.absolute_plugins(value)  # the learner actor runs in another working directory
-        registry.load_plugins(value)  # before algo.advantage is checked: fields validate in order
-        return value
+        return config_plugins(value)  # before algo.advantage is checked: fields validate in order
 
     @field_validator("advantage")
     @classmethod

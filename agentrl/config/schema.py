@@ -98,7 +98,7 @@ class EnvsConfig(Section):
     # registers tool backends and their reward functions (agentrl.envs.registry.register_backend,
     # docs/own_tools.md). Imported when the config is validated and in every process that runs or
     # scores episodes, so they must exist wherever those run.
-    plugins: Annotated[list[NonEmptyStr], reward_registry.AS_PLUGINS] = Field(default_factory=reward_registry.PluginList)
+    plugins: Annotated[list[NonEmptyStr], reward_registry.AS_PLUGINS] = Field(default_factory=list)
 
 
 class TasksConfig(Section):
@@ -258,7 +258,7 @@ class RewardsConfig(Section):
     # Reward plugins: Python modules (dotted names) or .py file paths (made absolute) whose import
     # registers reward functions (agentrl.rewards.registry.register_reward) that tasks name in their
     # `reward` field (docs/own_tools.md); imported like envs.plugins.
-    plugins: Annotated[list[NonEmptyStr], reward_registry.AS_PLUGINS] = Field(default_factory=reward_registry.PluginList)
+    plugins: Annotated[list[NonEmptyStr], reward_registry.AS_PLUGINS] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _judge_configured(self) -> "RewardsConfig":
@@ -355,6 +355,12 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @property
+    def plugins(self) -> list[str]:
+        """Every plugin the run names (envs, rewards, algo), each once: what every actor that runs,
+        scores or trains on episodes loads first (``agentrl.common.plugins.load_plugins``)."""
+        return list(dict.fromkeys([*self.envs.plugins, *self.rewards.plugins, *self.algo.plugins]))
 
     @model_validator(mode="after")
     def _slca_needs_summary(self) -> "Config":

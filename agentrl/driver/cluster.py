@@ -159,7 +159,7 @@ class RolloutSide:
         sgls = start_sgls_server(cfg, cfg.model.dtype, max_restarts=rt.max_actor_restarts)
         pool = ToolPool.create(cfg.tools.num_actors, rt.tool_actor_cpus, cfg.tools.max_concurrency, sgls,
                                cfg.tools.sgls, placement=cfg.tools.placement, max_restarts=rt.max_actor_restarts,
-                               call_timeout_s=rt.tool_call_timeout_s, plugins=(*cfg.envs.plugins, *cfg.rewards.plugins))
+                               call_timeout_s=rt.tool_call_timeout_s, plugins=cfg.plugins)
         rollout_cfg = cfg.rollout if rollout_cfg is None else rollout_cfg
         # max_restarts: Ray restarts a dead worker; the driver rebuilds its engine (revive) and
         # re-issues its undelivered groups. No task retries: a re-run needs the engine first.
@@ -175,7 +175,8 @@ class RolloutSide:
         agent = with_template_text(cfg.agent)
         workers = [
             RolloutWorker.options(**options()).remote(model_path, rollout_cfg, cfg.model.dtype, pool, i,
-                                                      weight_sync=weight_sync, rewards_cfg=cfg.rewards, agent_cfg=agent)
+                                                      weight_sync=weight_sync, rewards_cfg=cfg.rewards, agent_cfg=agent,
+                                                      plugins=cfg.plugins)
             for i in range(cfg.rollout.num_workers)
         ]
         roles = []
@@ -188,7 +189,7 @@ class RolloutSide:
             roles.append((role, [
                 RolloutWorker.options(**options()).remote(model_path, role_cfg, cfg.model.dtype, pool, n + j,
                                                           weight_sync=weight_sync, rewards_cfg=cfg.rewards, role=role.name,
-                                                          agent_cfg=agent)
+                                                          agent_cfg=agent, plugins=cfg.plugins)
                 for j in range(role.workers)]))
             n += role.workers
         return cls(sgls, pool, workers, engine, roles, env_retries=rt.max_actor_restarts)

@@ -18,12 +18,12 @@ import ray
 
 from agentrl.checkpointing.checkpoint import open_checkpoint, reopen_run_dir, run_storage, sync_run_files
 from agentrl.checkpointing.preemption import Preempted, ResumableFailure, StopOnSignal
+from agentrl.common.plugins import find_plugin_error
 from agentrl.config import Config, dump_config
 from agentrl.config.process_env import set_default_env
 from agentrl.driver.cluster import init_ray, resolve_model_path
 from agentrl.driver.task_sources import load_task_sources
 from agentrl.driver.trainer import Trainer
-from agentrl.envs.plugins import find_plugin_error
 from agentrl.telemetry.progress import eval_table
 from agentrl.telemetry.trackers import check_trackers
 

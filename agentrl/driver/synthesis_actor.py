@@ -21,9 +21,11 @@ import threading
 import time
 import traceback
 from collections import Counter, deque
+from collections.abc import Sequence
 
 import ray
 
+from agentrl.common.plugins import load_plugins
 from agentrl.rods.llm_synth import LLMSynthesizer
 from agentrl.rods.pool import ActivePool
 from agentrl.rods.resample import ResampleSynthesizer
@@ -78,7 +80,8 @@ def restore_queue(state: dict, renumber: bool = False) -> list[tuple[int, Task]]
 @ray.remote
 class SynthesisActor:
     def __init__(self, seeds: list, rods_cfg, tasks_per_step: int, forbidden_texts: frozenset[str], run_seed: int = 0,
-                 dtype: str = "float32", state: dict | None = None, resume: bool = False):
+                 dtype: str = "float32", state: dict | None = None, resume: bool = False, plugins: Sequence[str] = ()):
+        load_plugins(plugins)  # the run's (Config.plugins): synthesis replays seed tasks on their backends
         self.cfg = rods_cfg
         self.lock = threading.Lock()
         self.events: list[dict] = []

@@ -105,4 +105,4 @@ def start_synthesis_actor(cfg: Config, tasks: dict[str, list], heldout: list, re
     heldout_texts = frozenset(turn.user for t in heldout for turn in t.turns)
     return SynthesisActor.options(num_cpus=cfg.rods.num_cpus, num_gpus=cfg.rods.num_gpus).remote(
         tasks["train"], cfg.rods, cfg.rollout.tasks_per_step, heldout_texts, cfg.run.seed, cfg.model.dtype,
-        state=tasks.get("rods_state"), resume=True)
+        state=tasks.get("rods_state"), resume=True, plugins=cfg.plugins)

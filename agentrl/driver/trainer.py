@@ -89,10 +89,7 @@ class Trainer:
         self.buffer = ReplayBuffer.remote(cfg.buffer.capacity_groups, cfg.buffer.max_staleness)
         self.methods = active_methods(cfg)  # research methods the config turns on (agentrl/methods/)
         self.task_stat_roles = {r.name for m in self.methods for r in m.rollout_roles() if r.feeds_task_stats}
-        # the learner scores tokens under the tempered distribution the rollouts sampled from
-        self.learner = LearnerGroup.create(model_path, cfg.learner, cfg.algo, cfg.model.dtype, cfg.run.seed,
-                                           cfg.rollout.temperature, self.methods, cpus=rt.learner_cpus, gpus=rt.learner_gpus,
-                                           lora_cfg=cfg.model.lora, sampler_dtype=cfg.rollout.engine.dtype or cfg.model.dtype)
+        self.learner = LearnerGroup.create(cfg, model_path)
         starts = self.rollout_side.start()
         learner_version = ray.get(self.learner.get_version.remote())
         print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{learner_version})", flush=True)

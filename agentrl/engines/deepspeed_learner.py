@@ -138,7 +138,7 @@ class DeepSpeedLearner:
             self.ref_model = self._build_reference(AutoModelForCausalLM.from_pretrained(model_path, dtype=ref_dtype, **attn))
 
         self.critic = None
-        if estimator_for(algo_cfg).needs_critic:  # the estimator's row in algos/registry.py (plugins imported here)
+        if estimator_for(algo_cfg).needs_critic:  # the estimator's row in algos/registry.py
             from agentrl.engines.deepspeed_critic import DeepSpeedCritic
 
             if algo_cfg.critic is None:

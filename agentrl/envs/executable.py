@@ -17,8 +17,8 @@ from typing import Any
 
 import jsonschema
 
+from agentrl.common.plugins import plugin_where
 from agentrl.envs.builtin import BUILTIN_CLASSES, Domain, ToolError
-from agentrl.envs.plugins import plugin_where
 from agentrl.envs.toolspec import function_spec
 from agentrl.tasks.schema import Task, ToolCall
 

@@ -6,7 +6,7 @@ ship with agentrl but need optional packages are listed in ``_LAZY``: the first 
 imports its module (which registers it), so ``import agentrl`` stays light and a missing optional
 package is reported only to the runs that use it.
 
-Plugins (``envs.plugins``, agentrl/envs/plugins.py) register their own backends with the plugin
+Plugins (``envs.plugins``, agentrl/common/plugins.py) register their own backends with the plugin
 form, ``register_backend(name, factory, tools=[...], reward="name")``:
 
 * ``factory(task)`` returns one episode's session: an object with ``call(name, arguments)`` that
@@ -39,11 +39,11 @@ from typing import Any
 
 import jsonschema
 
+from agentrl.common.plugins import plugins_hint
 from agentrl.envs.base import ToolBackend
 from agentrl.envs.builtin import BUILTIN_CLASSES
 from agentrl.envs.builtin import behaviours as _builtin_behaviours  # noqa: F401 - registers the quickstart's, like any env's
 from agentrl.envs.executable import ArgChecks, ExecutableBackend, checked_call, tool_error
-from agentrl.envs.plugins import load_env_plugins, plugins_hint
 from agentrl.envs.toolspec import function_spec
 from agentrl.tasks.io import register_task_hook
 from agentrl.tasks.schema import FunctionSpec, Task, ToolCall, ToolSpec
@@ -119,13 +119,11 @@ def as_tool_spec(tool: Any, where: str = "tool") -> ToolSpec:
 
 
 def backend_info(name: str) -> BackendInfo | None:
-    """The registered backend ``name`` (importing its optional module, then ``AGENTRL_PLUGINS``,
-    when it is not registered yet); None when nothing registers it."""
+    """The registered backend ``name`` (importing its optional module when it is not registered
+    yet); None when nothing registers it (a plugin this process has not loaded, among others)."""
     info = _BACKENDS.get(name)
     if info is None and name in _LAZY:
         importlib.import_module(_LAZY[name])  # registers the backend (or explains what is missing)
-        info = _BACKENDS.get(name)
-    if info is None and load_env_plugins():
         info = _BACKENDS.get(name)
     return info
 

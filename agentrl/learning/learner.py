@@ -11,40 +11,39 @@ rank builds the same batch and trains its share of it; rank 0 answers for the gr
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 
 import ray
 
 from agentrl.api import EpisodeGroup, GroupRef
+from agentrl.common.plugins import load_plugins
+from agentrl.config import Config
 from agentrl.config.process_env import set_default_env
 from agentrl.learning.step import prepare_step
-from agentrl.methods.base import Method
+from agentrl.methods.registry import active_methods
 
 
 @ray.remote
 class LearnerActor:
-    def __init__(self, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float = 1.0,
-                 methods: Sequence[Method] | None = None, rank: int = 0, world_size: int = 1, lora_cfg=None,
-                 sampler_dtype: str | None = None):
-        """``methods``: the run's active methods (``agentrl.methods.registry.active_methods``; None:
-        none); ``lora_cfg``: the
-        run's ``model.lora`` (None or rank 0: full fine-tuning); ``sampler_dtype``: the rollout
-        engines' dtype (``DeepSpeedLearner``). A 1-rank learner
-        is built here; rank ``rank`` of a ``world_size``-rank group is built by ``join`` once
-        rank 0 has published its rendezvous address (``rendezvous``)."""
+    def __init__(self, cfg: Config, model_path: str, rank: int = 0, world_size: int = 1):
+        """Rank ``rank`` of a ``world_size``-rank learner for a run with ``cfg``, training the model
+        at ``model_path``. The run's plugins are loaded first (estimators and methods a plugin
+        registers), then its active methods built here from the config. A 1-rank learner is
+        built at once; a rank of a larger group by ``join``, once rank 0 has published its
+        rendezvous address (``rendezvous``)."""
         set_default_env()
-        if learner_cfg.threads:  # Ray set OMP_NUM_THREADS from num_cpus; this overrides it
+        load_plugins(cfg.plugins)
+        if cfg.learner.threads:  # Ray set OMP_NUM_THREADS from num_cpus; this overrides it
             import torch
 
-            torch.set_num_threads(learner_cfg.threads)
+            torch.set_num_threads(cfg.learner.threads)
 
-        self.algo_cfg = algo_cfg
-        self.seed = seed
-        self.methods = list(methods or ())
+        self.cfg = cfg
+        self.algo_cfg = cfg.algo
+        self.seed = cfg.run.seed
+        self.methods = active_methods(cfg)
         self._published: dict[str, int] = {}  # role -> its part's weights version last handed out
         self.model_path = model_path
         self.rank, self.world_size = rank, world_size
-        self._build = (model_path, learner_cfg, algo_cfg, dtype, seed, temperature, lora_cfg, sampler_dtype)
         self._store = None
         self.learner = None
         if world_size == 1:
@@ -66,10 +65,12 @@ class LearnerActor:
         try:
             if self.world_size > 1:
                 init_process_group(self.rank, self.world_size, store=self._store, address=tuple(address))
-            model_path, learner_cfg, algo_cfg, dtype, seed, temperature, lora_cfg, sampler_dtype = self._build
-            self.learner = DeepSpeedLearner(model_path, learner_cfg, algo_cfg, dtype=dtype, seed=seed,
-                                            temperature=temperature, methods=self.methods, lora_cfg=lora_cfg,
-                                            sampler_dtype=sampler_dtype)
+            cfg = self.cfg
+            # the learner scores tokens under the tempered distribution the rollouts sampled from
+            self.learner = DeepSpeedLearner(self.model_path, cfg.learner, cfg.algo, dtype=cfg.model.dtype,
+                                            seed=cfg.run.seed, temperature=cfg.rollout.temperature,
+                                            methods=self.methods, lora_cfg=cfg.model.lora,
+                                            sampler_dtype=cfg.rollout.engine.dtype or cfg.model.dtype)
         except Exception as err:  # kept for get_version: a group does not wait on its ranks' joins
             self._join_error = f"{type(err).__name__}: {err}"
             raise

@@ -22,6 +22,7 @@ import ray
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from agentrl.config import Config
 from agentrl.planning.placement import learner_bundles
 
 # calls every rank runs (state changes, or collectives: ZeRO-3 gathers, gradient reductions)
@@ -91,13 +92,12 @@ class LearnerGroup:
             setattr(self, method, _Call(self, method))
 
     @classmethod
-    def create(cls, model_path: str, learner_cfg, algo_cfg, dtype: str, seed: int, temperature: float, methods,
-               cpus: float, gpus: float, lora_cfg=None, sampler_dtype: str | None = None) -> LearnerGroup:
-        """Place and start ``learner_cfg.num_ranks`` ranks and build their learners. ``methods``: the
-        run's active methods (``agentrl.methods.registry.active_methods``; None: none)."""
+    def create(cls, cfg: Config, model_path: str) -> LearnerGroup:
+        """Place and start ``learner.num_ranks`` ranks, each with ``runtime.learner_cpus`` CPUs and
+        ``runtime.learner_gpus`` GPUs, and build their learners of the model at ``model_path``."""
         from agentrl.learning.learner import LearnerActor
 
-        n = learner_cfg.num_ranks
+        n, cpus, gpus = cfg.learner.num_ranks, cfg.runtime.learner_cpus, cfg.runtime.learner_gpus
         bundles, grouped = learner_bundles(n, cpus, gpus)  # what `agentrl plan` checks (planning/placement.py)
         placement = placement_group(bundles, strategy="PACK", name="") if grouped else None
         if placement is not None:
@@ -108,9 +108,7 @@ class LearnerGroup:
                 opts = {"num_cpus": cpus, "num_gpus": gpus}
                 if placement is not None:
                     opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=r)
-                actor = LearnerActor.options(**opts).remote(model_path, learner_cfg, algo_cfg, dtype, seed, temperature,
-                                                            methods, rank=r, world_size=n, lora_cfg=lora_cfg,
-                                                            sampler_dtype=sampler_dtype)
+                actor = LearnerActor.options(**opts).remote(cfg, model_path, rank=r, world_size=n)
                 group.ranks.append(actor)
             if n > 1:  # the ranks build their learners while the driver goes on (get_version waits for them)
                 address = ray.get(group.ranks[0].rendezvous.remote())

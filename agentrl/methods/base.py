@@ -61,8 +61,8 @@ class RolloutRole:
 class Method:
     """Base class of a method; subclass it, set ``name``, implement ``enabled`` and the hooks it
     needs, decorate with ``@register_method`` (``agentrl.methods.registry``). An instance holds the
-    run's ``Config``; a registered one pickles as (name, config), so a Ray actor rebuilds it from
-    the registry once the config's plugins are imported there."""
+    run's ``Config``; each process builds its own from the config (the learner actor loads the
+    config's plugins, then asks the registry), so instances never cross a process boundary."""
 
     # registry key and metric namespace: the step's "<name>/..." metrics are not put under learner/
     name: ClassVar[str] = ""

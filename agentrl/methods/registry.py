@@ -3,10 +3,10 @@
 A method is a ``Method`` subclass (``agentrl/methods/base.py``) registered with
 ``@register_method``, like an advantage estimator (``agentrl/algos/registry.py``). The built-in
 ones, the subpackages of ``agentrl/methods/``, are imported on first use; a run adds its own through
-``algo.plugins`` (modules or ``.py`` files), which are imported again wherever the registry is
-asked through a config: ``active_methods`` in the driver, ``build_method`` in a Ray actor that
-unpickles one. A method decides from the config whether it is on (``Method.enabled``); there is
-no list of methods to configure.
+``algo.plugins`` (modules or ``.py`` files), loaded by the config's validation in the driver and
+by the learner actor, which receives the config and builds its own methods (``active_methods``):
+methods never travel pickled. A method decides from the config whether it is on
+(``Method.enabled``); there is no list of methods to configure.
 
 Imports neither torch nor Ray: the planner reads the rollout roles (``extra_roles``) and the
 learner's memory estimate (``keeps_policy_copy``) on machines without them.
@@ -14,14 +14,11 @@ learner's memory estimate (``keeps_policy_copy``) on machines without them.
 
 from __future__ import annotations
 
-import copyreg
-import difflib
 import importlib
 import pkgutil
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from agentrl.algos.registry import load_plugins
 from agentrl.methods.base import Method, RolloutRole
 
 if TYPE_CHECKING:
@@ -38,8 +35,7 @@ def register_method(cls: type[Method]) -> type[Method]:
     Checked here, so a broken method fails when its module is imported, not in the middle of a
     run: a name that is an identifier (it is the metric namespace), an ``enabled`` of its own, a
     boolean ``keeps_policy_copy``. Registering a different class under a taken name is an error;
-    the same class again (its module imported a second time) replaces the entry. A registered
-    class pickles as (name, config) (``build_method``)."""
+    the same class again (its module imported a second time) replaces the entry."""
     if not (isinstance(cls, type) and issubclass(cls, Method)):
         raise TypeError(f"@register_method needs a Method subclass, got {cls!r}")
     where = f"{cls.__module__}.{cls.__qualname__}"
@@ -55,13 +51,7 @@ def register_method(cls: type[Method]) -> type[Method]:
         raise ValueError(f"method {cls.name!r} is already registered by {old.__module__}.{old.__qualname__}; "
                          f"pick another name for {where}")
     _REGISTRY[cls.name] = cls
-    # by name, not by class: a Ray actor may have imported the plugin file under another module name
-    copyreg.pickle(cls, _reduce)
     return cls
-
-
-def _reduce(method: Method):
-    return build_method, (method.name, method.cfg)
 
 
 def _load_builtins() -> None:
@@ -70,33 +60,15 @@ def _load_builtins() -> None:
             importlib.import_module(module)
 
 
-def _load(cfg: Any) -> None:
-    """The built-ins and the config's ``algo.plugins``, imported into this process."""
-    _load_builtins()
-    load_plugins(getattr(cfg.algo, "plugins", ()) or ())
-
-
 def method_names() -> list[str]:
     """Every registered name, built-ins first, in registration order."""
     _load_builtins()
     return list(_REGISTRY)
 
 
-def build_method(name: str, cfg: Config) -> Method:
-    """The method called ``name`` for a run with ``cfg`` (whose plugins are imported first)."""
-    _load(cfg)
-    try:
-        cls = _REGISTRY[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        raise KeyError(f"unknown method '{name}' ({hint}known: {', '.join(sorted(_REGISTRY)) or 'none'})") from None
-    return cls(cfg)
-
-
 def active_methods(cfg: Config) -> list[Method]:
     """The methods a run with ``cfg`` uses, in registration order (built-ins first)."""
-    _load(cfg)
+    _load_builtins()
     return [cls(cfg) for cls in list(_REGISTRY.values()) if cls.enabled(cfg)]
 
 
@@ -114,5 +86,5 @@ def keeps_policy_copy(cfg: Config) -> bool:
     return any(m.keeps_policy_copy for m in active_methods(cfg))
 
 
-__all__ = ["Method", "RolloutRole", "active_methods", "build_method", "extra_roles", "keeps_policy_copy",
+__all__ = ["Method", "RolloutRole", "active_methods", "extra_roles", "keeps_policy_copy",
            "method_names", "register_method"]

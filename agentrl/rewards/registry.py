@@ -2,7 +2,7 @@
 
 A reward function is registered under a name, ``register_reward(name, fn)``, usually by the same
 plugin module that registers its backend (``envs.plugins`` / ``rewards.plugins``,
-agentrl/envs/plugins.py). A task is scored by one when it names it (``task.reward``) or when its
+agentrl/common/plugins.py). A task is scored by one when it names it (``task.reward``) or when its
 backend registered it as the default (``register_backend(..., reward=name)``); every other task
 keeps the per-turn checks against its gold plans (docs/design.md §3).
 
@@ -36,8 +36,8 @@ from typing import Any
 
 from pydantic import AfterValidator
 
+from agentrl.common.plugins import PluginError, config_plugins, plugin_where, plugins_hint
 from agentrl.envs.checker import canonical
-from agentrl.envs.plugins import PluginError, PluginList, config_plugins, load_env_plugins, plugin_where, plugins_hint
 from agentrl.envs.registry import PluginSession, default_reward, make_backend
 from agentrl.tasks.io import register_task_hook
 from agentrl.tasks.schema import Task, ToolCall
@@ -99,11 +99,9 @@ def reward_names() -> list[str]:
 
 
 def get_reward(name: str, task_id: Any = None) -> RewardFn:
-    """The reward function called ``name`` (importing ``AGENTRL_PLUGINS`` first when it is not
-    registered yet); ValueError naming the task otherwise."""
+    """The reward function called ``name``; ValueError naming the task (and the plugins this
+    process loaded) when nothing registered it."""
     fn = _REWARDS.get(name)
-    if fn is None and load_env_plugins():
-        fn = _REWARDS.get(name)
     if fn is None:
         known = ", ".join(reward_names()) or "none"
         raise ValueError(f"unknown reward {name!r} for task {task_id!r}; registered: {known} ({plugins_hint()})")
@@ -118,7 +116,7 @@ def reward_name(task: Task) -> str | None:
 
 def reads_live_session(name: str, task_id: Any = None) -> bool:
     """Whether reward ``name`` was registered with ``live_session=True``."""
-    get_reward(name, task_id)  # imports AGENTRL_PLUGINS when it is not registered yet
+    get_reward(name, task_id)  # an unknown name is an error, not False
     return name in _LIVE_SESSION
 
 
@@ -211,10 +209,10 @@ def _task_hook(data: dict[str, Any]) -> dict[str, Any]:
 
 register_task_hook("rewards.reward", _task_hook)
 
-# The validator of envs.plugins and rewards.plugins (``Annotated[list[...], AS_PLUGINS]``, default
-# ``PluginList``): the plugins imported when the config is validated, file paths made absolute. It
+# The validator of envs.plugins and rewards.plugins (``Annotated[list[...], AS_PLUGINS]``): the
+# plugins imported when the config is validated, file paths made absolute. It
 # lives here so that the config, by importing it, also registers the reward check on task files.
 AS_PLUGINS = AfterValidator(config_plugins)
 
-__all__ = ["AS_PLUGINS", "PluginList", "Score", "final_backend", "get_reward", "idle_episode", "reads_live_session",
+__all__ = ["AS_PLUGINS", "Score", "final_backend", "get_reward", "idle_episode", "reads_live_session",
            "register_reward", "reward_name", "reward_names", "run_reward"]

@@ -25,7 +25,7 @@ from typing import Any
 import ray
 
 from agentrl.api import EnvError
-from agentrl.envs.plugins import load_plugins
+from agentrl.common.plugins import load_plugins
 from agentrl.envs.registry import register_backend
 from agentrl.envs.session import LocalEnvSession
 from agentrl.rewards.registry import reward_name, run_reward
@@ -36,9 +36,7 @@ from agentrl.tasks.schema import Task, ToolCall
 class ToolBackendActor:
     def __init__(self, sgls_server=None, sgls_seed: int | None = None, sgls_timeout_s: float = 300.0,
                  plugins: tuple[str, ...] = ()) -> None:
-        # envs.plugins / rewards.plugins: their backends must be registered here too (on a joined
-        # cluster no environment variable carries them to this process)
-        load_plugins(plugins)
+        load_plugins(plugins)  # the run's (Config.plugins): the backends this actor opens sessions of
         self.sessions: dict[str, LocalEnvSession] = {}
         self.calls = self.opened = 0
         if sgls_server is not None:

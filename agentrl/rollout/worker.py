@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 
 import ray
 
@@ -23,9 +24,9 @@ from agentrl.agent.chat import formatter_for
 from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy
 from agentrl.api import ENV_ERROR, POLICY, EngineNotStarted, EnvError, Episode, EpisodeGroup, Generation, GroupSummary
+from agentrl.common.plugins import PluginError, load_plugins
 from agentrl.config.process_env import set_default_env
 from agentrl.envs.behaviours import episode_behaviours
-from agentrl.envs.plugins import PluginError
 from agentrl.rewards.hierr import HierRWeights
 from agentrl.rewards.registry import reads_live_session, reward_name
 from agentrl.rewards.scoring import apply_summary, score_episode, seen_context
@@ -139,11 +140,14 @@ def exit_if_engine_dead(err: BaseException, worker_index: int) -> None:
 @ray.remote
 class RolloutWorker:
     def __init__(self, model_path: str, rollout_cfg, dtype: str, tool_actors: list, worker_index: int = 0,
-                 weight_sync: str = "object_store", rewards_cfg=None, role: str = POLICY, agent_cfg=None):
+                 weight_sync: str = "object_store", rewards_cfg=None, role: str = POLICY, agent_cfg=None,
+                 plugins: Sequence[str] = ()):
         """``role``: POLICY (serves the policy being trained) or a method's rollout role (e.g. an
         exploration policy); its episodes and groups are tagged so. ``agent_cfg``: the ``agent:`` section (tool-call
-        format, chat template, system prompt); None = its defaults."""
+        format, chat template, system prompt); None = its defaults. ``plugins``: the run's
+        (``Config.plugins``): the backends and rewards of its tasks."""
         set_default_env()
+        load_plugins(plugins)
         self.model_path, self.cfg, self.dtype = model_path, rollout_cfg, dtype
         self.tool_actors = tool_actors
         self.worker_index = worker_index

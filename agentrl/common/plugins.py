@@ -1,26 +1,23 @@
-"""Environment and reward plugins: modules whose import registers tool backends and reward functions.
+"""Plugins: modules whose import registers tool backends, reward functions, advantage estimators
+or methods, and the one routine that imports them.
 
-``envs.plugins`` and ``rewards.plugins`` name them (dotted module names, or ``.py`` file paths made
-absolute, as ``algo.plugins`` does for estimators, agentrl/algos/registry.py). Importing one runs
-its ``register_backend`` / ``register_reward`` calls. Both lists share this loader and one
-process-wide record of what was imported, because one module (``examples/own_tools/env.py``)
-usually registers a backend and its reward together.
+A config names its plugins in ``envs.plugins``, ``rewards.plugins`` and ``algo.plugins``
+(dotted module names, or ``.py`` file paths made absolute: Ray actors run in other working
+directories); ``Config.plugins`` is all of them. Importing one runs its ``register_*`` calls.
 
 A Ray actor is a process of its own: a backend registered only in the driver is unknown to the
-rollout workers and tool-pool actors that open its sessions and score its episodes. Three ways get
-the plugins there, none of which needs the actors' code to know about them:
+rollout workers and tool-pool actors that open its sessions and score its episodes. So every
+process that needs them calls ``load_plugins`` with the list the config gives it, and nothing
+else does: the config validators in the driver (and ``agentrl eval``), and each actor's
+constructor (rollout worker, tool-pool actor, learner, RODS synthesis actor), which receives
+``cfg.plugins`` as an argument. Their other arguments are plain data (configs, tasks, method
+names), so unpickling them needs no plugin. Commands without a config take ``--plugin``. A name
+no plugin registered is an error that says which plugins this process imported.
 
-* the config validators import them in the validating process (the driver, ``agentrl eval``);
-* ``rewards.plugins`` holds a ``PluginList``: unpickling it imports every plugin the *sending*
-  process had imported. The rollout workers receive ``cfg.rewards`` as a constructor argument,
-  so they import the plugins before their constructor runs;
-* loading exports the list as ``AGENTRL_PLUGINS`` (``os.pathsep``-separated). Processes started
-  afterwards inherit it (an embedded Ray cluster starts after the config is validated, so its
-  workers do: the tool-pool actors rely on this), and the registries import it lazily the first
-  time a task names a backend or reward they do not know. Commands without a config
-  (``agentrl tasks export``) can be given it by hand.
+One process-wide record of what was imported: one module (``examples/own_tools/env.py``)
+usually registers a backend and its reward together, and a file is imported once.
 
-This module imports nothing of agentrl: the registries (envs, rewards) and the config use it.
+This module imports nothing of agentrl: every layer may use it.
 """
 
 from __future__ import annotations
@@ -33,8 +30,6 @@ import sys
 import threading
 import traceback
 from collections.abc import Iterable
-
-ENV_VAR = "AGENTRL_PLUGINS"
 
 _LOADED: dict[str, None] = {}  # every plugin imported in this process (an ordered set)
 _LOCK = threading.RLock()  # re-entrant: a plugin may import another through the registries
@@ -109,22 +104,14 @@ def loaded_plugins() -> list[str]:
 
 def load_plugins(plugins: Iterable[str]) -> None:
     """Import each plugin once in this process (a file already imported as a module, e.g. a test
-    file under pytest, is not imported again), record it and export ``AGENTRL_PLUGINS``. Any
-    failure becomes a ValueError naming the plugin: its traceback may point deep inside it."""
-    with _LOCK:  # threaded tool-pool actors may meet an unknown name on two threads at once
-        _load(plugins)
-    exported = absolute_plugins(p for p in os.environ.get(ENV_VAR, "").split(os.pathsep) if p)
-    merged = list(dict.fromkeys(exported + list(_LOADED)))
-    if merged:
-        os.environ[ENV_VAR] = os.pathsep.join(merged)
-
-
-def _load(plugins: Iterable[str]) -> None:
-    for plugin in absolute_plugins(plugins):
-        if plugin in _LOADED:
-            continue
-        import_plugin(plugin)
-        _LOADED[plugin] = None
+    file under pytest, is not imported again) and record it. Any failure becomes a PluginError
+    naming the plugin: its traceback may point deep inside it."""
+    with _LOCK:  # threaded tool-pool actors may load on two threads at once
+        for plugin in absolute_plugins(plugins):
+            if plugin in _LOADED:
+                continue
+            import_plugin(plugin)
+            _LOADED[plugin] = None
 
 
 def import_plugin(plugin: str, kind: str = "plugin") -> None:
@@ -145,22 +132,11 @@ def import_plugin(plugin: str, kind: str = "plugin") -> None:
                           f"{type(err).__name__}: {err}") from err
 
 
-def load_env_plugins() -> bool:
-    """Import the plugins ``AGENTRL_PLUGINS`` names that are not imported yet; True when any was
-    (the registries then look the missing name up again)."""
-    named = absolute_plugins(p for p in os.environ.get(ENV_VAR, "").split(os.pathsep) if p)
-    wanted = [p for p in named if p not in _LOADED]
-    if not wanted:
-        return False
-    load_plugins(wanted)
-    return True
-
-
 def plugins_hint() -> str:
     """Where plugins come from, for 'unknown name' errors."""
     loaded = ", ".join(_LOADED) or "none"
-    return (f"plugins imported in this process: {loaded}; a run names its plugins in envs.plugins / rewards.plugins, "
-            f"a command without a config reads {ENV_VAR}")
+    return (f"plugins imported in this process: {loaded}; a run names its plugins in envs.plugins / "
+            f"rewards.plugins / algo.plugins, a command without a config takes --plugin")
 
 
 def import_file(path: str) -> None:
@@ -190,28 +166,14 @@ def import_file(path: str) -> None:
     _FILES[resolved] = name
 
 
-class PluginList(list):
-    """A config's plugin list that imports, when unpickled in another process, every plugin the
-    pickling process had imported (its own entries and the other list's: ``envs.plugins`` does
-    not travel to the rollout workers, ``rewards.plugins`` does). Equal to the plain list."""
-
-    def __reduce__(self):
-        return _restore, (list(self), loaded_plugins())
-
-
-def _restore(own: list[str], carried: list[str]) -> PluginList:
-    load_plugins([*carried, *own])
-    return PluginList(own)
-
-
-def config_plugins(value: Iterable[str]) -> PluginList:
-    """What the ``envs.plugins`` / ``rewards.plugins`` validators keep: the plugins, file paths
-    made absolute, imported here (so task files may name what they register)."""
+def config_plugins(value: Iterable[str]) -> list[str]:
+    """What the config's plugin validators keep: the plugins, file paths made absolute, imported
+    here (so task files may name what they register, and ``algo.advantage`` may name a plugin's
+    estimator: fields validate in order)."""
     value = absolute_plugins(value)
     load_plugins(value)
-    return PluginList(value)
+    return value
 
 
-__all__ = ["ENV_VAR", "PluginError", "PluginList", "absolute_plugins", "config_plugins", "find_plugin_error",
-           "import_file", "import_plugin", "is_plugin_file", "load_env_plugins", "load_plugins", "loaded_plugins",
-           "plugin_where", "plugins_hint"]
+__all__ = ["PluginError", "absolute_plugins", "config_plugins", "find_plugin_error", "import_file", "import_plugin",
+           "is_plugin_file", "load_plugins", "loaded_plugins", "plugin_where", "plugins_hint"]
