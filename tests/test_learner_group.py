@@ -110,6 +110,26 @@ def _assert_same_weights(wa: dict, wb: dict, start: dict) -> None:
 LCFG = LearnerConfig(lr=1e-2, adam_eps=1e-4, micro_batch_size=3, mini_batches=2, zero_stage=1)
 
 
+def test_the_group_has_exactly_the_calls_the_learner_declares():
+    """Routing is declared once, on the LearnerActor method (``@group_call``): the group builds its
+    calls from that table, and a name nobody declared is an AttributeError, not a call that
+    silently reaches one rank."""
+    from agentrl.learning.learner import ALL_RANKS, GROUP_CALLS, RANK0, RANK0_WITH_GATHERS, LearnerActor, group_call
+    from agentrl.learning.learner_group import LearnerGroup
+
+    group = LearnerGroup([])
+    assert (group.train.route, group.train.combine) == (ALL_RANKS, "rank0")
+    assert (group.save_parts.route, group.save_parts.combine) == (ALL_RANKS, "parts")
+    assert group.nccl_endpoint.route == RANK0 and group.nccl_broadcast.route == RANK0_WITH_GATHERS
+    with pytest.raises(AttributeError, match="no call 'trian'.*train"):
+        group.trian  # noqa: B018 - the lookup is the test
+    assert not hasattr(group, "rendezvous")  # one rank's start-up step, not a group call
+    assert set(GROUP_CALLS) <= {m for m in dir(LearnerActor) if not m.startswith("_")}
+    with pytest.raises(ValueError, match="unknown route"):
+        group_call("every rank")
+
+
+
 @pytest.fixture(scope="module")
 def one_rank_step(model_dir, ray_cluster):
     """The reference: one rank, ZeRO-1 (equal to plain torch: tests/test_learner.py)."""

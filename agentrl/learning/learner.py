@@ -21,6 +21,27 @@ from agentrl.config.process_env import set_default_env
 from agentrl.learning.step import prepare_step
 from agentrl.methods.registry import active_methods
 
+# How a learner group (learning/learner_group.py) routes each call, declared once, on the method:
+# ALL_RANKS: every rank runs it, in the same order on each (state changes and collectives: ZeRO-3
+# gathers, gradient reductions; get_version too: the first one reports a rank whose start
+# failed); the answer is rank 0's ("rank0") or every rank's merged ("digests", "parts").
+# RANK0: answered by rank 0's copies alone. RANK0_WITH_GATHERS: rank 0 sends weights to the
+# engines (NCCL) while the other ranks walk them with it (``gather_weights``: ZeRO-3 gathers).
+ALL_RANKS, RANK0, RANK0_WITH_GATHERS = "all ranks", "rank 0", "rank 0 with gathers"
+GROUP_CALLS: dict[str, tuple[str, str]] = {}  # method name -> (route, how answers combine)
+
+
+def group_call(route: str, combine: str = "rank0"):
+    """Method decorator: declare how a learner group routes this call (see above). A call no
+    method declares does not exist on the group (AttributeError), rather than going to one rank."""
+    if route not in (ALL_RANKS, RANK0, RANK0_WITH_GATHERS) or combine not in ("rank0", "digests", "parts"):
+        raise ValueError(f"group_call: unknown route {route!r} or combine {combine!r}")
+
+    def mark(fn):
+        GROUP_CALLS[fn.__name__] = (route, combine)
+        return fn
+    return mark
+
 
 @ray.remote
 class LearnerActor:
@@ -76,12 +97,14 @@ class LearnerActor:
             raise
         return self.learner.version
 
+    @group_call(ALL_RANKS)
     def get_version(self) -> int:
         if self.learner is None:
             raise RuntimeError(f"learner rank {self.rank} of {self.world_size} was not built: "
                                f"{getattr(self, '_join_error', 'its join has not run')}")
         return self.learner.version
 
+    @group_call(ALL_RANKS)
     def train(self, group_refs: list[GroupRef]) -> dict[str, float]:
         """One update on the groups behind ``group_refs`` (fetched here, from the object store)."""
         t0 = time.perf_counter()
@@ -96,6 +119,7 @@ class LearnerActor:
         metrics["learn_seconds"] = time.perf_counter() - t0
         return metrics
 
+    @group_call(RANK0)
     def publish_role_weights(self, role: str, again: bool = False) -> list | None:
         """The weights of the learner part whose engines are ``role``'s (wrapped ref) when they changed
         since the last call (or, with ``again``, for a restarted worker of that role: whenever they
@@ -108,6 +132,7 @@ class LearnerActor:
         self._published[role] = done
         return [ray.put(part.weights_blob())]
 
+    @group_call(RANK0)
     def role_logprobs(self, role: str, input_ids: list[list[int]]) -> list[list[float]]:
         """Token logprobs under ``role``'s learner part (the weight-sync agreement check of its engines)."""
         return self._part(role).logprobs(input_ids)
@@ -130,6 +155,7 @@ class LearnerActor:
         return [kl_penalty(torch.tensor(e.logprobs), torch.tensor(r), self.algo_cfg.kl_estimator).tolist()
                 for e, r in zip(episodes, refs)]
 
+    @group_call(ALL_RANKS)
     def publish_weights(self) -> list | None:
         """The current weights as a safetensors blob in the object store (wrapped ref); ranks > 0
         take part in the ZeRO-3 gathers and return None."""
@@ -145,12 +171,14 @@ class LearnerActor:
                 pass
 
     # ---- runtime.weight_sync=nccl (see agentrl.weight_sync.nccl; GPU only)
+    @group_call(RANK0)
     def nccl_endpoint(self) -> tuple[str, int]:
         """(node IP, free port) for the rendezvous this actor hosts as NCCL rank 0."""
         from agentrl.weight_sync.nccl import NcclSender
 
         return NcclSender.endpoint()
 
+    @group_call(RANK0_WITH_GATHERS)
     def nccl_init(self, master_address: str, master_port: int, world_size: int, packed: bool = True,
                   buffer_bytes: int | None = None, num_buffers: int | None = None) -> dict:
         """Join the weight-transfer group as rank 0; returns the weight metadata (names, dtypes, shapes)."""
@@ -159,22 +187,26 @@ class LearnerActor:
         self._nccl = NcclSender(self.learner)
         return self._nccl.init(master_address, master_port, world_size, packed, buffer_bytes, num_buffers)
 
+    @group_call(RANK0_WITH_GATHERS)
     def nccl_broadcast(self) -> float:
         """Broadcast the current weights to every engine worker (which must be receiving)."""
         if getattr(self, "_nccl", None) is None:
             raise RuntimeError("weight sync: nccl_init must run before nccl_broadcast")
         return self._nccl.broadcast()
 
+    @group_call(ALL_RANKS)
     def compute_logprobs(self, input_ids: list[list[int]]) -> list[list[float]]:
         return self.learner.compute_logprobs(input_ids)
 
     # ---- exact resume (engines/learner_state.py)
+    @group_call(ALL_RANKS, combine="digests")
     def save_state(self, out_dir: str) -> dict[str, str]:
         """The whole training state into ``out_dir``; returns its digest."""
         from agentrl.engines.learner_state import save_learner_state
 
         return save_learner_state(self.learner, out_dir)
 
+    @group_call(ALL_RANKS, combine="digests")
     def load_state(self, in_dir: str) -> dict[str, str]:
         """Restore ``save_state``'s folder; returns the digest of the state now held. The engines of
         the methods' roles get their parts' weights at the next weight sync."""
@@ -183,6 +215,7 @@ class LearnerActor:
         self._published.clear()
         return load_learner_state(self.learner, in_dir)
 
+    @group_call(ALL_RANKS, combine="parts")
     def save_parts(self, stage: str, dest, state: bool = True, keep: str | None = None) -> dict:
         """Write this rank's parts of a checkpoint (``state``) or of ``final/`` into a folder of its
         own on this node, ``<stage>/.rank<r>``: the HF folder (rank 0 writes it; the others join its
@@ -211,6 +244,7 @@ class LearnerActor:
             pass
         return {"digest": digest, "parts": parts}
 
+    @group_call(ALL_RANKS, combine="digests")
     def load_parts(self, stage: str, src, parts: list[dict]) -> dict[str, str]:
         """``load_state`` from a checkpoint's ``learner/`` parts in ``src`` (a ``Storage``):
         checked (size, sha256) in place when ``src`` is on this node's filesystem, else downloaded
@@ -229,6 +263,7 @@ class LearnerActor:
         finally:
             shutil.rmtree(own, ignore_errors=True)
 
+    @group_call(ALL_RANKS)
     def save(self, out_dir: str) -> str:
         import shutil
         from pathlib import Path

@@ -6,6 +6,7 @@ the model's state or its collectives goes to every rank, in the same order on ea
 synchronous actor's calls in submission order, so the ranks' collectives line up), and its ref
 resolves to rank 0's answer once every rank has finished, raising if any rank failed. Calls that
 only read rank 0's copies (the methods' learner parts, the NCCL endpoint) go to rank 0 alone.
+Each ``LearnerActor`` method says which with ``@group_call``; the group has no other calls.
 
 Start-up (``create``): the ranks are placed in one placement group (a bundle of
 ``runtime.learner_cpus`` CPUs and ``runtime.learner_gpus`` GPUs each, PACK: on as few nodes as
@@ -25,14 +26,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from agentrl.config import Config
 from agentrl.planning.placement import learner_bundles
 
-# calls every rank runs (state changes, or collectives: ZeRO-3 gathers, gradient reductions)
-# (get_version too: the first one also reports a rank whose start failed)
-_ALL_RANKS = ("get_version", "train", "publish_weights", "compute_logprobs", "save", "save_state", "load_state",
-              "save_parts", "load_parts")
-# calls answered by rank 0's copies alone
-_RANK0 = ("publish_role_weights", "role_logprobs", "nccl_endpoint")
-# rank 0 sends weights to the engines (NCCL) while the other ranks walk them with it (ZeRO-3 gathers)
-_RANK0_WITH_GATHERS = ("nccl_init", "nccl_broadcast")
 PLACEMENT_NOTICE_S = 30.0  # how long to wait for the placement before saying what it waits for
 
 
@@ -65,21 +58,23 @@ def _all_parts(*saved: dict) -> dict:
 
 
 class _Call:
-    """``group.<method>.remote(*args)``: one ObjectRef, as for a single actor."""
+    """``group.<method>.remote(*args)``: one ObjectRef, as for a single actor, routed as the
+    method declares (``group_call`` in learning/learner.py)."""
 
-    def __init__(self, group: LearnerGroup, method: str):
-        self.group, self.method = group, method
+    def __init__(self, group: LearnerGroup, method: str, route: str, combine: str):
+        self.group, self.method, self.route, self.combine = group, method, route, combine
 
     def remote(self, *args, **kwargs):
+        from agentrl.learning.learner import RANK0, RANK0_WITH_GATHERS
+
         ranks = self.group.ranks
-        if self.method in _RANK0 or len(ranks) == 1:
+        if self.route == RANK0 or len(ranks) == 1:
             return getattr(ranks[0], self.method).remote(*args, **kwargs)
-        if self.method in _RANK0_WITH_GATHERS:
+        if self.route == RANK0_WITH_GATHERS:
             head = getattr(ranks[0], self.method).remote(*args, **kwargs)
             return _rank0_answer.remote(head, *[a.gather_weights.remote() for a in ranks[1:]])
         refs = [getattr(actor, self.method).remote(*args, **kwargs) for actor in ranks]
-        combine = {"save_state": _all_digests, "load_state": _all_digests, "load_parts": _all_digests,
-                   "save_parts": _all_parts}.get(self.method, _rank0_answer)
+        combine = {"rank0": _rank0_answer, "digests": _all_digests, "parts": _all_parts}[self.combine]
         return combine.remote(*refs)
 
 
@@ -88,8 +83,14 @@ class LearnerGroup:
 
     def __init__(self, ranks: list, placement=None):
         self.ranks, self.placement = ranks, placement
-        for method in _ALL_RANKS + _RANK0 + _RANK0_WITH_GATHERS:
-            setattr(self, method, _Call(self, method))
+
+    def __getattr__(self, method: str) -> _Call:
+        from agentrl.learning.learner import GROUP_CALLS  # filled by LearnerActor's @group_call methods
+
+        if method.startswith("__") or method not in GROUP_CALLS:
+            raise AttributeError(f"LearnerGroup has no call {method!r}: the group routes the LearnerActor methods "
+                                 f"declared with @group_call ({', '.join(sorted(GROUP_CALLS))})")
+        return _Call(self, method, *GROUP_CALLS[method])
 
     @classmethod
     def create(cls, cfg: Config, model_path: str) -> LearnerGroup:
