@@ -128,7 +128,7 @@ def test_registration_is_checked():
 @pytest.fixture
 def flagged(monkeypatch):
     """Register a variant of ``sign`` with one flag changed, for this test only."""
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", registry._REGISTRY.copy())
 
     def make(flag: str, value: bool) -> str:
         name = f"sign_{flag}"

@@ -63,7 +63,7 @@ def _group() -> EpisodeGroup:
 @pytest.fixture
 def scratch(monkeypatch):
     """Registrations made by the test are gone after it."""
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", registry._REGISTRY.copy())
 
 
 def test_registration_is_checked(scratch):

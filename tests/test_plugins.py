@@ -311,7 +311,7 @@ cfg = pickle.load(sys.stdin.buffer)  # what an actor's constructor argument is
 assert "kvstore" not in registry._BACKENDS, "unpickling the config imported a plugin"
 print("known" if registry.backend_info("kvstore") else "unknown")  # and no lookup imports it
 load_plugins(cfg.plugins)  # what every actor does first
-print(registry._BACKENDS["kvstore"].reward)
+print(registry.backend_info("kvstore").reward)
 """
 
 

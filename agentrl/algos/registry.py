@@ -21,12 +21,13 @@ without torch) import torch inside ``compute``.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import sys
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from agentrl.api import Episode
+from agentrl.common.registry import Registry
+from agentrl.common.registry import where as definition
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -92,7 +93,7 @@ class Estimator:
         return f"<estimator {self.name!r} ({type(self).__module__}.{type(self).__qualname__})>"
 
 
-_REGISTRY: dict[str, Estimator] = {}
+_REGISTRY: Registry[Estimator] = Registry("advantage estimator")
 _BUILTINS = "agentrl.algos.estimators"
 
 
@@ -106,7 +107,7 @@ def register_estimator(cls: type[Estimator]) -> type[Estimator]:
     """
     if not (isinstance(cls, type) and issubclass(cls, Estimator)):
         raise TypeError(f"@register_estimator needs an Estimator subclass, got {cls!r}")
-    where = f"{cls.__module__}.{cls.__qualname__}"
+    where = definition(cls)
     name = cls.name
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"estimator {where}: name must be an identifier-like string, got {name!r}")
@@ -119,11 +120,7 @@ def register_estimator(cls: type[Estimator]) -> type[Estimator]:
     if cls.compute is Estimator.compute:
         raise TypeError(f"estimator {where}: implement compute(episodes, algo, kl_penalty)")
     _load_builtins()  # a plugin registered first must still clash with a built-in name
-    old = _REGISTRY.get(name)
-    if old is not None and (type(old).__module__, type(old).__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ValueError(f"advantage estimator {name!r} is already registered by {type(old).__module__}."
-                         f"{type(old).__qualname__}; pick another name for {where}")
-    _REGISTRY[name] = cls()
+    _REGISTRY.add(name, cls(), owner=where)
     return cls
 
 
@@ -135,7 +132,7 @@ def _load_builtins() -> None:
 def estimator_names() -> list[str]:
     """Every registered name, built-ins first, in registration order."""
     _load_builtins()
-    return list(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def builtin_estimator_names() -> list[str]:
@@ -147,17 +144,14 @@ def builtin_estimator_names() -> list[str]:
 def get_estimator(name: str) -> Estimator:
     """The registered estimator called ``name``; KeyError with a hint and the known names."""
     _load_builtins()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(unknown_estimator_message(name)) from None
+    estimator = _REGISTRY.get(name)
+    if estimator is None:
+        raise KeyError(unknown_estimator_message(name))
+    return estimator
 
 
 def unknown_estimator_message(name: str) -> str:
-    known = sorted(_REGISTRY)
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean '{close[0]}'? " if close else ""
-    return f"unknown advantage estimator '{name}' ({hint}known: {', '.join(known)})"
+    return _REGISTRY.unknown(name)
 
 
 def estimator_for(algo: Any) -> Estimator:

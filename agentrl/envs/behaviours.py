@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from agentrl.common.registry import Registry, where
 from agentrl.tasks.schema import Task
 
 # fn(episode, task) -> (hits, opportunities), or None when the behaviour does not apply
 BehaviourFn = Callable[[Any, Task], "tuple[int, int] | None"]
-_BEHAVIOURS: dict[str, tuple[BehaviourFn, str | None]] = {}
+_BEHAVIOURS: Registry[tuple[BehaviourFn, str | None]] = Registry("behaviour")
 
 
 def register_behaviour(name: str, fn: BehaviourFn, backend: str | None = None) -> BehaviourFn:
@@ -30,10 +31,7 @@ def register_behaviour(name: str, fn: BehaviourFn, backend: str | None = None) -
         raise ValueError(f"register_behaviour: name must be a non-empty string without '/', got {name!r}")
     if not callable(fn):
         raise TypeError(f"register_behaviour({name!r}): fn must be callable (episode, task) -> (hits, opportunities)")
-    known = _BEHAVIOURS.get(name)
-    if known is not None and (known[0].__module__, known[0].__qualname__) != (fn.__module__, fn.__qualname__):
-        raise ValueError(f"register_behaviour({name!r}): already registered by {known[0].__module__}; pick another name")
-    _BEHAVIOURS[name] = (fn, backend)
+    _BEHAVIOURS.add(name, (fn, backend), owner=where(fn))
     return fn
 
 

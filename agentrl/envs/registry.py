@@ -40,6 +40,7 @@ from typing import Any
 import jsonschema
 
 from agentrl.common.plugins import plugins_hint
+from agentrl.common.registry import Registry, where
 from agentrl.envs.base import ToolBackend
 from agentrl.envs.builtin import BUILTIN_CLASSES
 from agentrl.envs.builtin import behaviours as _builtin_behaviours  # noqa: F401 - registers the quickstart's, like any env's
@@ -60,7 +61,7 @@ class BackendInfo:
     plugin: bool = False  # registered in the plugin form (tools and/or reward)
 
 
-_BACKENDS: dict[str, BackendInfo] = {"builtin": BackendInfo(ExecutableBackend)}
+_BACKENDS: Registry[BackendInfo] = Registry("backend", {"builtin": BackendInfo(ExecutableBackend)})
 # backend name -> module whose import registers it (see the module docstring)
 _LAZY: dict[str, str] = {"bfcl": "agentrl.envs.bfcl"}
 # names a task file may use whose factory only some processes register: the tool-pool actors
@@ -84,21 +85,14 @@ def register_backend(name: str, factory: Callable[[Task], Any], tools: Iterable[
         raise ValueError(f"register_backend({name!r}): {sorted(RESERVED)} are agentrl's own backends; pick another name")
     if reward is not None and (not isinstance(reward, str) or not reward):
         raise ValueError(f"register_backend({name!r}): reward must be a reward function's name, got {reward!r}")
-    old = _BACKENDS.get(name)
-    if plugin and old is not None and old.plugin and _where(old.factory) != _where(factory):
-        raise ValueError(f"backend {name!r} is already registered by {_where(old.factory)}; pick another name for "
-                         f"{_where(factory)}")
     specs = None
     if tools is not None:
         specs = tuple(as_tool_spec(t, f"register_backend({name!r})") for t in tools)
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"register_backend({name!r}): duplicate tool names {sorted(names)}")
-    _BACKENDS[name] = BackendInfo(factory, specs, reward, plugin)
-
-
-def _where(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    # only the plugin form claims its name: agentrl's own re-registrations (sgls) replace freely
+    _BACKENDS.add(name, BackendInfo(factory, specs, reward, plugin), owner=where(factory) if plugin else None)
 
 
 def as_tool_spec(tool: Any, where: str = "tool") -> ToolSpec:
@@ -150,7 +144,7 @@ def default_reward(name: str, task_id: Any = None) -> str | None:
 
 
 def known_backends() -> list[str]:
-    return sorted(set(_BACKENDS) | set(_LAZY) | _ELSEWHERE)
+    return sorted(set(_BACKENDS.names()) | set(_LAZY) | _ELSEWHERE)
 
 
 def _unknown(name: str, task_id: Any) -> str:

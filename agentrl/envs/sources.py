@@ -12,28 +12,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from agentrl.common.registry import Registry, where
 from agentrl.envs.builtin.generator import SPLIT_SIZES, builtin_split
 from agentrl.envs.tau2.tasks import tau2_tasks
 from agentrl.tasks.io import load_tasks
 from agentrl.tasks.schema import Task
 
 # prefix -> (loader of the spec's remainder, usage shown in errors)
-TASK_SOURCES: dict[str, tuple[Callable[[str], list[Task]], str]] = {}
+TASK_SOURCES: Registry[tuple[Callable[[str], list[Task]], str]] = Registry("task source")
 
 
 def register_task_source(prefix: str, loader: Callable[[str], list[Task]], usage: str) -> None:
-    """``prefix:<rest>`` in a config resolves to ``loader(spec)``; ``usage`` names its forms."""
-    TASK_SOURCES[prefix] = (loader, usage)
+    """``prefix:<rest>`` in a config resolves to ``loader(spec)``; ``usage`` names its forms. A
+    prefix another loader holds is an error (a plugin cannot silently take ``builtin:``)."""
+    TASK_SOURCES.add(prefix, (loader, usage), owner=where(loader))
 
 
 def resolve_task_source(spec: str) -> list[Task]:
     """Tasks named by a config string: a registered ``prefix:...`` source or a .jsonl/.parquet file."""
     prefix = spec.split(":", 1)[0] if ":" in spec else None
-    if prefix in TASK_SOURCES:
-        return TASK_SOURCES[prefix][0](spec)
+    source = TASK_SOURCES.get(prefix) if prefix is not None else None
+    if source is not None:
+        return source[0](spec)
     path = Path(spec)
     if path.suffix.lower() not in (".jsonl", ".parquet") or not path.is_file():
-        forms = ", ".join(usage for _, usage in TASK_SOURCES.values())
+        forms = ", ".join(usage for _, (_, usage) in TASK_SOURCES.items())
         raise ValueError(f"unknown task source {spec!r}: expected {forms} or an existing .jsonl/.parquet file")
     return load_tasks(path)
 

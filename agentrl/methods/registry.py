@@ -19,12 +19,14 @@ import pkgutil
 import sys
 from typing import TYPE_CHECKING
 
+from agentrl.common.registry import Registry
+from agentrl.common.registry import where as definition
 from agentrl.methods.base import Method, RolloutRole
 
 if TYPE_CHECKING:
     from agentrl.config import Config
 
-_REGISTRY: dict[str, type[Method]] = {}
+_REGISTRY: Registry[type[Method]] = Registry("method")
 # one subpackage per built-in method: found, not listed, so this module names none of them
 _BUILTINS = tuple(f"{__package__}.{m.name}" for m in pkgutil.iter_modules(sys.modules[__package__].__path__) if m.ispkg)
 
@@ -38,7 +40,7 @@ def register_method(cls: type[Method]) -> type[Method]:
     the same class again (its module imported a second time) replaces the entry."""
     if not (isinstance(cls, type) and issubclass(cls, Method)):
         raise TypeError(f"@register_method needs a Method subclass, got {cls!r}")
-    where = f"{cls.__module__}.{cls.__qualname__}"
+    where = definition(cls)
     if not isinstance(cls.name, str) or not cls.name.isidentifier():
         raise ValueError(f"method {where}: name must be an identifier, got {cls.name!r}")
     if cls.enabled.__func__ is Method.enabled.__func__:
@@ -46,11 +48,7 @@ def register_method(cls: type[Method]) -> type[Method]:
     if not isinstance(cls.keeps_policy_copy, bool):
         raise TypeError(f"method {where}: keeps_policy_copy must be a bool, got {cls.keeps_policy_copy!r}")
     _load_builtins()  # a plugin registered first must still clash with a built-in name
-    old = _REGISTRY.get(cls.name)
-    if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ValueError(f"method {cls.name!r} is already registered by {old.__module__}.{old.__qualname__}; "
-                         f"pick another name for {where}")
-    _REGISTRY[cls.name] = cls
+    _REGISTRY.add(cls.name, cls, owner=where)
     return cls
 
 
@@ -63,13 +61,13 @@ def _load_builtins() -> None:
 def method_names() -> list[str]:
     """Every registered name, built-ins first, in registration order."""
     _load_builtins()
-    return list(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def active_methods(cfg: Config) -> list[Method]:
     """The methods a run with ``cfg`` uses, in registration order (built-ins first)."""
     _load_builtins()
-    return [cls(cfg) for cls in list(_REGISTRY.values()) if cls.enabled(cfg)]
+    return [cls(cfg) for _, cls in _REGISTRY.items() if cls.enabled(cfg)]
 
 
 def extra_roles(cfg: Config) -> list[RolloutRole]:

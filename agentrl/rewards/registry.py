@@ -37,6 +37,7 @@ from typing import Any
 from pydantic import AfterValidator
 
 from agentrl.common.plugins import PluginError, config_plugins, plugin_where, plugins_hint
+from agentrl.common.registry import Registry, where
 from agentrl.envs.checker import canonical
 from agentrl.envs.registry import PluginSession, default_reward, make_backend
 from agentrl.tasks.io import register_task_hook
@@ -57,7 +58,7 @@ class Score:
 
 
 RewardFn = Callable[..., "float | bool | Score"]  # (episode, task), or (episode, task, session) when live
-_REWARDS: dict[str, RewardFn] = {}
+_REWARDS: Registry[RewardFn] = Registry("reward")
 _LIVE_SESSION: set[str] = set()  # the rewards registered with live_session=True
 
 
@@ -74,19 +75,12 @@ def register_reward(name: str, fn: RewardFn, live_session: bool = False) -> Rewa
                         "-> outcome or Score")
     if not isinstance(live_session, bool):
         raise TypeError(f"register_reward({name!r}): live_session must be True or False, got {live_session!r}")
-    old = _REWARDS.get(name)
-    if old is not None and _where(old) != _where(fn):
-        raise ValueError(f"reward {name!r} is already registered by {_where(old)}; pick another name for {_where(fn)}")
-    _REWARDS[name] = fn
+    _REWARDS.add(name, fn, owner=where(fn))
     if live_session:
         _LIVE_SESSION.add(name)
     else:
         _LIVE_SESSION.discard(name)
     return fn
-
-
-def _where(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def _name(fn: Any) -> str:
@@ -95,7 +89,7 @@ def _name(fn: Any) -> str:
 
 
 def reward_names() -> list[str]:
-    return sorted(_REWARDS)
+    return sorted(_REWARDS.names())
 
 
 def get_reward(name: str, task_id: Any = None) -> RewardFn:
