@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -277,6 +278,34 @@ def test_task_files_get_the_catalogue_and_locate_bad_names(tmp_path):
         make_backend(stray)
     with pytest.raises(ValueError, match="unknown backend 'zzz' for task 't9'"):
         reward_name(stray)
+
+
+def test_a_plugins_task_generator_feeds_fresh_train(tmp_path, restore_plugins, monkeypatch):
+    """``tasks.fresh_suite`` names a registered generator: the builtin suites are registered like
+    a plugin's, the driver's sampler calls whichever the config names, and an unknown name is a
+    config error at tasks.fresh_suite."""
+    from agentrl.driver.task_sources import TaskSampler
+    from agentrl.envs import sources
+
+    monkeypatch.setattr(sources, "TASK_GENERATORS", sources.TASK_GENERATORS.copy())
+    plugin = tmp_path / "gen_env.py"
+    plugin.write_text(textwrap.dedent("""
+        from agentrl.envs.builtin.generator import builtin_split
+        from agentrl.envs.sources import register_task_generator
+
+        def mine(n, seed, id_prefix, exclude):
+            return [t.model_copy(update={"id": f"{id_prefix}-{i}"}) for i, t in enumerate(builtin_split("train")[:n])]
+
+        register_task_generator("my-suite", mine)
+    """))
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["tasks.fresh_train=true", "tasks.fresh_suite=my-suit"])
+    assert err.value.key == "tasks.fresh_suite" and "unknown task generator 'my-suit'" in str(err.value)
+    cfg = load_config(None, [f"envs.plugins=[{plugin}]", "tasks.fresh_train=true", "tasks.fresh_suite=my-suite"])
+    drawn = TaskSampler(cfg, [], set()).next(3)
+    assert [t.id for t in drawn] == ["fresh1000001-0", "fresh1000001-1", "fresh1000001-2"]
+    bank = TaskSampler(load_config(None, ["tasks.fresh_train=true", "tasks.fresh_suite=bank"]), [], set()).next(4)
+    assert {t.category for t in bank} <= {"base", "miss_param", "miss_func"} and len({t.id for t in bank}) == 4
 
 
 def test_plugins_that_fail_to_import_are_config_errors_naming_them(tmp_path, restore_plugins):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, Strict, model_validator
+from pydantic import Field, Strict, field_validator, model_validator
 
 from agentrl.algos import registry
 from agentrl.config.algo_schema import AlgoConfig, CriticConfig, GiGPOConfig, LearnerConfig, SLCAConfig
@@ -34,6 +34,7 @@ from agentrl.config.types import (
     PosInt,
     Section,
 )
+from agentrl.envs import sources as task_sources  # tasks.fresh_suite names a registered generator
 from agentrl.rewards import registry as reward_registry  # envs.plugins / rewards.plugins (and the task-file reward check)
 
 # Advantage estimators: names, descriptions and prerequisites come from the estimator registry
@@ -109,11 +110,20 @@ class TasksConfig(Section):
     heldout: NonEmptyStr = "builtin:heldout"
     # Evaluate on the first N held-out tasks; null = all of them.
     heldout_size: PosInt | None = None
-    # Draw freshly generated builtin tasks every step instead of cycling the train set (a task
-    # equal to a held-out task, all user turns alike, is never drawn).
+    # Draw freshly generated tasks every step instead of cycling the train set (a task equal to a
+    # held-out task, all user turns alike, is never drawn).
     fresh_train: Bool = False
-    # Which builtin suite fresh tasks come from: "all" (every domain) or "bank" (the quickstart's).
-    fresh_suite: Literal["all", "bank"] = "all"
+    # The task generator fresh tasks come from: a builtin suite ("all": every domain; "bank": the
+    # quickstart's; "bank-sparse", "bank-report": the method settings) or one an envs plugin
+    # registers (agentrl.envs.sources.register_task_generator).
+    fresh_suite: NonEmptyStr = "all"
+
+    @field_validator("fresh_suite")
+    @classmethod
+    def _known_generator(cls, value: str) -> str:
+        if value not in task_sources.TASK_GENERATORS:  # envs.plugins validate first: their generators are known
+            raise ValueError(task_sources.TASK_GENERATORS.unknown(value))
+        return value
 
 
 class RolloutConfig(Section):

@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 
 from agentrl.config import Config, InputError
-from agentrl.envs.builtin.generator import generate_tasks
+from agentrl.envs.sources import generate_fresh_tasks
 
 
 class TaskSampler:
@@ -29,10 +29,9 @@ class TaskSampler:
 
     def next(self, n: int) -> list:
         if self.cfg.tasks.fresh_train:
-
             self.fresh_seed += 1
-            return generate_tasks(n, seed=self.fresh_seed, id_prefix=f"fresh{self.fresh_seed}",
-                                  exclude=self.heldout_keys, suite=self.cfg.tasks.fresh_suite)
+            return generate_fresh_tasks(self.cfg.tasks.fresh_suite, n, self.fresh_seed, f"fresh{self.fresh_seed}",
+                                        self.heldout_keys)
         out = []
         while len(out) < n:
             if not self.order:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentrl.common.registry import Registry, where
-from agentrl.envs.builtin.generator import SPLIT_SIZES, builtin_split
+from agentrl.envs.builtin.generator import SPLIT_SIZES, SUITES, builtin_split, generate_tasks
 from agentrl.envs.tau2.tasks import tau2_tasks
 from agentrl.tasks.io import load_tasks
 from agentrl.tasks.schema import Task
@@ -26,6 +26,27 @@ def register_task_source(prefix: str, loader: Callable[[str], list[Task]], usage
     """``prefix:<rest>`` in a config resolves to ``loader(spec)``; ``usage`` names its forms. A
     prefix another loader holds is an error (a plugin cannot silently take ``builtin:``)."""
     TASK_SOURCES.add(prefix, (loader, usage), owner=where(loader))
+
+
+# name -> generator(n, seed, id_prefix, exclude) of fresh tasks (``tasks.fresh_suite``)
+TaskGenerator = Callable[[int, int, str, "set[tuple[str, ...]]"], list[Task]]
+TASK_GENERATORS: Registry[TaskGenerator] = Registry("task generator")
+
+
+def register_task_generator(name: str, generator: TaskGenerator) -> None:
+    """``tasks.fresh_train`` with ``tasks.fresh_suite: name`` draws each step's tasks from
+    ``generator(n, seed, id_prefix, exclude)``: ``n`` distinct tasks, the same for the same
+    arguments, ids starting with ``id_prefix``, none whose tuple of user turns is in ``exclude``
+    (the held-out tasks')."""
+    TASK_GENERATORS.add(name, generator, owner=where(generator))
+
+
+def generate_fresh_tasks(name: str, n: int, seed: int, id_prefix: str, exclude: set[tuple[str, ...]]) -> list[Task]:
+    """``n`` fresh tasks from the generator registered as ``name``."""
+    generator = TASK_GENERATORS.get(name)
+    if generator is None:
+        raise ValueError(TASK_GENERATORS.unknown(name))
+    return generator(n, seed, id_prefix, exclude)
 
 
 def resolve_task_source(spec: str) -> list[Task]:
@@ -92,3 +113,14 @@ def _bfcl_source(spec: str) -> list[Task]:
 register_task_source("builtin", _builtin_source, "builtin:<split> (e.g. builtin:train, builtin:bank-heldout)")
 register_task_source("bfcl", _bfcl_source, "bfcl:<category> or bfcl:<category>:<split>")
 register_task_source("tau2", _tau2_source, "tau2:<airline|retail>[:<train|test|full>]")
+
+
+def _builtin_suite(suite: str) -> TaskGenerator:
+    def generate(n: int, seed: int, id_prefix: str, exclude: set[tuple[str, ...]]) -> list[Task]:
+        return generate_tasks(n, seed=seed, id_prefix=id_prefix, exclude=exclude, suite=suite)
+    generate.__qualname__ = f"builtin_suite_{suite}"  # one owner per suite in the registry
+    return generate
+
+
+for _suite in SUITES:  # "all" (every builtin domain) and "bank" (the quickstart's)
+    register_task_generator(_suite, _builtin_suite(_suite))
