@@ -46,6 +46,7 @@ import ray
 
 from agentrl.checkpointing.records import Stateful, pack, unpack
 from agentrl.checkpointing.storage import MANIFEST, ChecksumError, Storage
+from agentrl.common.files import atomic_write, fsync_path
 from agentrl.config import Config, InputError, dump_config
 from agentrl.telemetry.metrics import keep_steps_through
 from agentrl.telemetry.trajectories import TRAJECTORY_DIR, discard_after
@@ -204,7 +205,7 @@ def _open_stored(run_dir: Path, store: Storage, cfg: Config) -> Checkpoint:
     Storage(path).write_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())
     for log in RUN_LOGS:  # the logs as of the checkpoint (a local copy may be another node's, older)
         if (data := store.read_bytes(log)) is not None:
-            write_atomic(run_dir / log, data)
+            atomic_write(run_dir / log, data)
     print(f"agentrl: downloaded {name}'s driver files and the run's logs from {store} into {run_dir}", flush=True)
     return Checkpoint(path, state, source, manifest)
 
@@ -247,7 +248,7 @@ def write_checkpoint(run: RunParts, step: int) -> Path | Storage:
     logs = {log: (run_dir / log).stat().st_size if (run_dir / log).exists() else 0 for log in APPEND_LOGS}
     state = {"format": FORMAT, "step": step, "parts": list(run.parts), "logs": logs,
              "learner_digest": saved["digest"], "manifest": MANIFEST, "time": time.time()}
-    _write_bytes(own / STATE_FILE, json.dumps(state, indent=1).encode())
+    atomic_write(own / STATE_FILE, json.dumps(state, indent=1))
     dest.write_manifest(saved["parts"] + dest.upload(own, move=store is None), step=step)  # last: now complete
     if store is not None:
         shutil.rmtree(tmp)
@@ -260,8 +261,8 @@ def write_checkpoint(run: RunParts, step: int) -> Path | Storage:
     if final.exists():  # a complete checkpoint of this step from before a resume: replace it
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(run_dir)
-    write_atomic(run_dir / LATEST, f"{final.name}\n".encode())
+    fsync_path(run_dir)
+    atomic_write(run_dir / LATEST, f"{final.name}\n".encode())
     prune_checkpoints(run_dir, run.keep_checkpoints)
     return final
 
@@ -297,7 +298,7 @@ def _write_parts(parts: dict[str, Stateful], folder: Path) -> None:
     """Each part's ``state_dict()`` into its file: JSON for ``.json``, else msgpack."""
     for name, part in parts.items():
         state = part.state_dict()
-        _write_bytes(folder / name, json.dumps(state).encode() if name.endswith(".json") else pack(state))
+        atomic_write(folder / name, json.dumps(state) if name.endswith(".json") else pack(state))
 
 
 def _fresh_stage(stage: Path) -> Path:
@@ -322,39 +323,12 @@ def prune_checkpoints(run_dir: Path, keep: int) -> list[int]:
     return Storage(run_dir).prune(PREFIX, keep, complete=[step for step, _ in complete_checkpoints(run_dir)])
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """``path`` holds ``data`` or what it held before, never a part: temp file, fsync, rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    _write_bytes(tmp, data)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
 def _fsync_tree(root: Path) -> None:
     """fsync every file and folder under ``root`` (the learner's files were written by another process)."""
     for folder, _, files in os.walk(root):
         for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(folder))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            fsync_path(os.path.join(folder, name))
+        fsync_path(folder)
 
 
 # ---------------------------------------------------------------- resuming
@@ -364,7 +338,7 @@ def reopen_run_dir(ckpt: Checkpoint, cfg: Config) -> Path:
     config saved, unfinished checkpoints removed, the logs cut back to the checkpoint (task log
     by step, the pool log by its size then; metrics.jsonl is cut by ``MetricsSink``)."""
     run_dir = ckpt.run_dir
-    write_atomic(run_dir / "config.yaml", dump_config(cfg).encode())
+    atomic_write(run_dir / "config.yaml", dump_config(cfg))
     for tmp in [*run_dir.glob(f".{PREFIX}*.tmp"), run_dir / ".final.tmp"]:
         shutil.rmtree(tmp, ignore_errors=True)
     keep_steps_through(run_dir / TASKS_LOG, ckpt.step)

@@ -28,6 +28,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow.fs as pafs
 
+from agentrl.common.files import atomic_write, fsync_path
+
 MANIFEST = "manifest.json"
 CHUNK = 8 << 20
 
@@ -91,7 +93,7 @@ class Storage:
                     os.replace(src, dst)
                 except OSError:  # another filesystem
                     shutil.copyfile(src, dst)
-                _fsync(dst)
+                fsync_path(dst)
                 return {"size": size, "sha256": sha}
         with open(src, "rb") as fin, self._output(dst) as fout:
             while chunk := fin.read(CHUNK):
@@ -110,21 +112,15 @@ class Storage:
         self._put(Path(src), self.path(rel), move=False)
 
     def write_bytes(self, rel: str, data: bytes) -> None:
-        """``rel`` holds ``data`` or what it held before (local: temp file, fsync, rename; an
-        object store's PUT is atomic)."""
+        """``rel`` holds ``data`` or what it held before (local: ``atomic_write``; an object
+        store's PUT is atomic)."""
         if not self.local:
             with self.fs.open_output_stream(self.path(rel)) as out:
                 out.write(data)
             return
         dst = Path(self.path(rel))
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, dst)
-        _fsync(dst.parent)
+        atomic_write(dst, data)
 
     def write_manifest(self, parts: list[dict], **meta) -> dict:
         """Write ``manifest.json`` listing ``parts``, after checking that every one is in place
@@ -238,11 +234,3 @@ def _sha_file(path: str | Path) -> tuple[int, str]:
             h.update(chunk)
             size += len(chunk)
     return size, h.hexdigest()
-
-
-def _fsync(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -4,4 +4,6 @@
   plugin errors the CLI prints;
 * ``registry.py``: ``Registry``, the name table behind every ``register_*`` (a name is held by one
   definition; an unknown name is reported with the close match).
+* ``files.py``: the one routine that replaces a file's content atomically and durably
+  (``atomic_write``: the file holds the new data or the old, never a part) and ``fsync_path``.
 """

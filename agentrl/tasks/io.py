@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from agentrl.common.files import atomic_write
 from agentrl.tasks.schema import Task
 
 _INDEX_COLUMNS = ("id", "domain", "category", "backend")
@@ -127,21 +127,14 @@ def save_tasks(tasks: Iterable[Task], path: str | os.PathLike[str]) -> None:
     kind = _kind(path)
     tasks = list(tasks)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        if kind == "jsonl":
-            with open(tmp, "w", encoding="utf-8") as fh:
-                for task in tasks:
-                    fh.write(task.model_dump_json() + "\n")
-        else:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+    if kind == "jsonl":
+        atomic_write(path, "".join(task.model_dump_json() + "\n" for task in tasks))
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-            columns = {c: pa.array([getattr(t, c) for t in tasks], pa.string()) for c in _INDEX_COLUMNS}
-            columns["task"] = pa.array([t.model_dump_json() for t in tasks], pa.string())
-            pq.write_table(pa.table(columns), tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    columns = {c: pa.array([getattr(t, c) for t in tasks], pa.string()) for c in _INDEX_COLUMNS}
+    columns["task"] = pa.array([t.model_dump_json() for t in tasks], pa.string())
+    out = pa.BufferOutputStream()
+    pq.write_table(pa.table(columns), out)
+    atomic_write(path, out.getvalue().to_pybytes())

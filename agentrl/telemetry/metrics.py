@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 import sys
 import time
@@ -24,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agentrl.common.files import atomic_write
 from agentrl.telemetry.fields import FIELDS, METRICS_FILE, pick  # noqa: F401 - their home for the sinks' users
 from agentrl.telemetry.trackers import check_trackers, draw_report, open_trackers, run_status
 
@@ -51,7 +51,7 @@ def prometheus_name(name: str) -> str:
 def keep_steps_through(path: str | Path, step: int) -> list[dict]:
     """Rewrite the JSONL file ``path`` keeping only the records with ``"step"`` <= ``step`` (and any
     line that is not such a record); returns the records kept. A torn last line (the process died
-    while writing it) is dropped. The rewrite is atomic: a temporary file renamed over ``path``.
+    while writing it) is dropped. The rewrite is atomic (``atomic_write``).
     No file: nothing to do."""
     path = Path(path)
     if not path.exists():
@@ -66,12 +66,7 @@ def keep_steps_through(path: str | Path, step: int) -> list[dict]:
             continue
         kept_lines.append(line)
         kept.append(record)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.writelines(x + "\n" for x in kept_lines)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, "".join(x + "\n" for x in kept_lines))
     return [r for r in kept if isinstance(r, dict)]
 
 

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from agentrl.common.files import atomic_write
+
 TRACE_FILE = "trace.json"
 
 
@@ -42,7 +44,5 @@ class Timeline:
     def write(self, run_dir: str | os.PathLike, ray_events: Iterable[dict] = ()) -> Path:
         """``trace.json`` with Ray's events and the driver's spans, written atomically."""
         path = Path(run_dir) / TRACE_FILE
-        tmp = path.with_name(f".{TRACE_FILE}.tmp")
-        tmp.write_text(json.dumps({"traceEvents": [*ray_events, *self.events], "displayTimeUnit": "ms"}))
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps({"traceEvents": [*ray_events, *self.events], "displayTimeUnit": "ms"}))
         return path

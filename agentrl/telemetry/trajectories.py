@@ -35,6 +35,7 @@ from pathlib import Path
 
 from agentrl.agent.episode import SEG_SUMMARY
 from agentrl.api import Episode, EpisodeGroup
+from agentrl.common.files import atomic_write
 
 TRAJECTORY_DIR = "trajectories"
 _FILE = re.compile(r"steps-(\d+)-(\d+)\.parquet")
@@ -160,6 +161,7 @@ def discard_after(out_dir: str | Path, step: int) -> list[Path]:
     recorded after it: partial files (a window the process died in) and files of later steps;
     a file that straddles ``step`` is cut back to it. Returns the files removed or rewritten.
     (The writer closes its window at every checkpoint, so a file never straddles one.)"""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -172,10 +174,9 @@ def discard_after(out_dir: str | Path, step: int) -> list[Path]:
             continue
         touched.append(path)
         if int(m[1]) <= step:
-            table = pq.read_table(path)
-            tmp = out_dir / f".steps-{int(m[1]):06d}.cut"
-            pq.write_table(table.filter(pc.less_equal(table["step"], step)), tmp)
-            os.replace(tmp, out_dir / file_name(int(m[1]), step))
+            table, cut = pq.read_table(path), pa.BufferOutputStream()
+            pq.write_table(table.filter(pc.less_equal(table["step"], step)), cut)
+            atomic_write(out_dir / file_name(int(m[1]), step), cut.getvalue().to_pybytes())
         path.unlink()
     return touched
 
