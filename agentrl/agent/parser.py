@@ -27,6 +27,7 @@ This is the default ``agent.tool_format``; the other formats (``llama3_json``, `
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +118,61 @@ def checked_call(name: Any, args: Any, known_tools: set[str] | None,
         return None, f"invalid call ({type(exc).__name__})"
 
 
+def _coerce(text: Any) -> str:
+    """Any model output as text (a parser never raises, whatever it is handed)."""
+    return text if isinstance(text, str) else "" if text is None else str(text)
+
+
+Checked = tuple[ToolCall | None, str | None]  # a call, or the reason it is malformed
+FindCall = Callable[[str, int], int | None]
+ReadCalls = Callable[[str, int, set[str] | None], tuple[list[Checked], int | None]]
+
+
+def scan_calls(text: str, find: FindCall, read: ReadCalls,
+               known_tools: set[str] | None = None) -> tuple[ParsedMessage, list[str]]:
+    """The one loop that walks an assistant text for its calls, whatever their syntax: every tool
+    format (hermes here, llama3_json and pythonic in ``agentrl.agent.tool_formats``) counts
+    blocks, collects errors and keeps the text between the calls the same way, so HierR's
+    ``format`` score and the summary segment mean the same thing in every format.
+
+    ``find(text, pos)``: where the next call starts at or after ``pos``, None when there is none.
+    ``read(text, start, known_tools)``: one ``(call, error)`` per block found there (a pythonic
+    call list holds several) and the index just past them; None when the block never closes, so
+    it swallows the rest of the text. Returns the message without ``content`` and the text
+    between the calls (the gaps), which the format cleans of its own markers."""
+    out, gaps, pos = ParsedMessage(), [], 0
+    while (start := find(text, pos)) is not None:
+        gaps.append(text[pos:start])
+        out.has_call_attempt = True
+        checked, end = read(text, start, known_tools)
+        for call, err in checked:
+            out.n_blocks += 1
+            if call is not None:
+                out.calls.append(call)
+                out.n_valid += 1
+            else:
+                out.errors.append(err or "invalid call")
+        if end is None:
+            return out, gaps
+        pos = end
+    gaps.append(text[pos:])
+    return out, gaps
+
+
+def _find_block(text: str, pos: int) -> int | None:
+    start = text.find(OPEN_TAG, pos)
+    return start if start >= 0 else None
+
+
+def _read_block(text: str, start: int, known_tools: set[str] | None) -> tuple[list[Checked], int | None]:
+    """The block opened at ``start``: up to the first closing tag, or unclosed (the rest of the text)."""
+    body_start = start + len(OPEN_TAG)
+    end = text.find(CLOSE_TAG, body_start)
+    if end < 0:
+        return [(None, f"unclosed {OPEN_TAG}: {_short(text[body_start:])!r}")], None
+    return [_parse_block(text[body_start:end], known_tools)], end + len(CLOSE_TAG)
+
+
 def parse_assistant(text: str, known_tools: set[str] | None = None) -> ParsedMessage:
     """Split an assistant message into valid calls, per-block errors and free text.
 
@@ -124,30 +180,6 @@ def parse_assistant(text: str, known_tools: set[str] | None = None) -> ParsedMes
     the format score and is not executed). Missing ``arguments`` means ``{}``; extra keys in the
     call object are ignored. Never raises on any ``str``.
     """
-    out = ParsedMessage()
-    if not isinstance(text, str):
-        text = "" if text is None else str(text)
-    pieces: list[str] = []
-    pos = 0
-    while True:
-        start = text.find(OPEN_TAG, pos)
-        if start < 0:
-            pieces.append(text[pos:])
-            break
-        out.has_call_attempt = True
-        out.n_blocks += 1
-        pieces.append(text[pos:start])
-        body_start = start + len(OPEN_TAG)
-        end = text.find(CLOSE_TAG, body_start)
-        if end < 0:
-            out.errors.append(f"unclosed {OPEN_TAG}: {_short(text[body_start:])!r}")
-            break
-        call, err = _parse_block(text[body_start:end], known_tools)
-        if call is not None:
-            out.calls.append(call)
-            out.n_valid += 1
-        else:
-            out.errors.append(err or "invalid call")
-        pos = end + len(CLOSE_TAG)
-    out.content = "".join(pieces).strip()
+    out, gaps = scan_calls(_coerce(text), _find_block, _read_block, known_tools)
+    out.content = "".join(gaps).strip()
     return out

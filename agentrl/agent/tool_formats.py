@@ -50,7 +50,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.agent.parser import ParsedMessage, _short, checked_call, format_tool_calls, parse_assistant
+from agentrl.agent.parser import (
+    Checked,
+    ParsedMessage,
+    _coerce,
+    _short,
+    checked_call,
+    format_tool_calls,
+    parse_assistant,
+    scan_calls,
+)
 from agentrl.tasks.schema import ToolCall
 
 PYTHON_TAG = "<|python_tag|>"  # Llama 3.x: "what follows is a tool call"
@@ -74,10 +83,6 @@ class ToolFormat:
             return content
         rendered = self.render(calls)
         return f"{content}\n{rendered}" if content else rendered
-
-
-def _coerce(text: Any) -> str:
-    return text if isinstance(text, str) else "" if text is None else str(text)
 
 
 def _balanced_end(text: str, start: int, quotes: str) -> int | None:
@@ -118,23 +123,22 @@ def render_llama3_json(calls: list[ToolCall]) -> str:
     return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False) for c in calls)
 
 
-def _llama3_call(text: str, start: int, known_tools: set[str] | None) -> tuple[ToolCall | None, str | None, int | None]:
-    """The call whose object starts at ``text[start] == "{"``: (call, error, end); end None when
+def _llama3_call(text: str, start: int, known_tools: set[str] | None) -> tuple[list[Checked], int | None]:
+    """The call whose object starts at ``text[start] == "{"``: ([(call, error)], end); end None when
     the object never closes (it swallows the rest of the text)."""
     try:
         obj, end = _DECODER.raw_decode(text, start)
     except Exception as exc:  # JSONDecodeError, RecursionError (deep nesting), ValueError (huge int)
         end = _balanced_end(text, start, '"')
         if end is None:
-            return None, f"unclosed {{: {_short(text[start:])!r}", None
+            return [(None, f"unclosed {{: {_short(text[start:])!r}")], None
         why = "nesting too deep" if isinstance(exc, RecursionError) else type(exc).__name__
-        return None, f"invalid JSON ({why}): {_short(text[start:end])!r}", end
+        return [(None, f"invalid JSON ({why}): {_short(text[start:end])!r}")], end
     name = obj.get("name")
     key = "arguments" if "arguments" in obj else "parameters"
     if key not in obj and isinstance(name, str) and name.strip():
-        return None, f"call to {name!r} has no 'parameters'", end
-    call, err = checked_call(name, obj.get(key), known_tools, key)
-    return call, err, end
+        return [(None, f"call to {name!r} has no 'parameters'")], end
+    return [checked_call(name, obj.get(key), known_tools, key)], end
 
 
 # Where a call starts: an object whose first key is "name" (or 'name', a malformed call), at the start of a line, after
@@ -144,31 +148,16 @@ def _llama3_call(text: str, start: int, known_tools: set[str] | None) -> tuple[T
 _LLAMA3_CALL_START = re.compile(r'(?:^|;|<\|python_tag\|>)[ \t]*(\{\s*["\']name["\'])', re.MULTILINE)
 
 
+def _llama3_start(text: str, pos: int) -> int | None:
+    found = _LLAMA3_CALL_START.search(text, pos)
+    return found.start(1) if found else None
+
+
 def parse_llama3_json(text: str, known_tools: set[str] | None = None) -> ParsedMessage:
     """Llama 3 JSON calls out of ``text``; ``;`` between calls and ``<|python_tag|>`` are not
     content. A ``<|python_tag|>`` with no call after it is one malformed call. Never raises."""
-    out = ParsedMessage()
     text = _coerce(text)
-    gaps: list[str] = []
-    pos = 0
-    while True:
-        found = _LLAMA3_CALL_START.search(text, pos)
-        if found is None:
-            gaps.append(text[pos:])
-            break
-        start = found.start(1)
-        gaps.append(text[pos:start])
-        out.has_call_attempt = True
-        out.n_blocks += 1
-        call, err, end = _llama3_call(text, start, known_tools)
-        if call is not None:
-            out.calls.append(call)
-            out.n_valid += 1
-        else:
-            out.errors.append(err or "invalid call")
-        if end is None:
-            break
-        pos = end
+    out, gaps = scan_calls(text, _llama3_start, _llama3_call, known_tools)
     gaps = [g if k == 0 else _LEADING_SEPARATOR.sub("", g) for k, g in enumerate(gaps)]
     if out.n_blocks == 0 and PYTHON_TAG in text:
         out.has_call_attempt, out.n_blocks = True, 1
@@ -277,7 +266,7 @@ def _python_call(node: ast.expr, known_tools: set[str] | None) -> tuple[ToolCall
     return checked_call(name, args, known_tools)
 
 
-def _python_calls(src: str, known_tools: set[str] | None) -> list[tuple[ToolCall | None, str | None]]:
+def _python_calls(src: str, known_tools: set[str] | None) -> list[Checked]:
     """One (call, error) per element of the list ``src``; one error when it is not a list."""
     try:
         with warnings.catch_warnings():
@@ -296,34 +285,24 @@ def _python_calls(src: str, known_tools: set[str] | None) -> list[tuple[ToolCall
     return out
 
 
+def _call_list_start(text: str, pos: int) -> int | None:
+    found = _CALL_LIST.search(text, pos)
+    return found.start() if found else None
+
+
+def _call_list(text: str, start: int, known_tools: set[str] | None) -> tuple[list[Checked], int | None]:
+    """The call list opened at ``start``: one (call, error) per element, up to its matching ``]``;
+    unclosed, one error and the rest of the text."""
+    end = _balanced_end(text, start, "'\"")
+    if end is None:
+        return [(None, f"unclosed call list: {_short(text[start:])!r}")], None
+    return _python_calls(text[start:end], known_tools), end
+
+
 def parse_pythonic(text: str, known_tools: set[str] | None = None) -> ParsedMessage:
     """Python call lists out of ``text``; the Llama wrapper tokens are not content, and one with
     no call list after it is one malformed call. Never raises."""
-    out = ParsedMessage()
-    text = _coerce(text)
-    gaps: list[str] = []
-    pos = 0
-    while True:
-        m = _CALL_LIST.search(text, pos)
-        if m is None:
-            gaps.append(text[pos:])
-            break
-        start = m.start()
-        gaps.append(text[pos:start])
-        out.has_call_attempt = True
-        end = _balanced_end(text, start, "'\"")
-        if end is None:
-            out.n_blocks += 1
-            out.errors.append(f"unclosed call list: {_short(text[start:])!r}")
-            break
-        for call, err in _python_calls(text[start:end], known_tools):
-            out.n_blocks += 1
-            if call is not None:
-                out.calls.append(call)
-                out.n_valid += 1
-            else:
-                out.errors.append(err or "invalid call")
-        pos = end
+    out, gaps = scan_calls(_coerce(text), _call_list_start, _call_list, known_tools)
     content = "".join(gaps)  # the markers are looked for here only: a string argument may hold one
     if out.n_blocks == 0 and (PYTHON_TAG in content or PYTHON_START in content):
         out.has_call_attempt, out.n_blocks = True, 1
