@@ -47,9 +47,12 @@ import ray
 from agentrl.checkpointing.records import Stateful, pack, unpack
 from agentrl.checkpointing.storage import MANIFEST, ChecksumError, Storage
 from agentrl.common.files import atomic_write, fsync_path
+from agentrl.common.log import get_logger
 from agentrl.config import Config, InputError, dump_config
 from agentrl.telemetry.metrics import keep_steps_through
 from agentrl.telemetry.trajectories import TRAJECTORY_DIR, discard_after
+
+log = get_logger(__name__)
 
 FORMAT, READS = 3, (2, 3)  # written, read
 PREFIX, LATEST, STATE_FILE = "checkpoint-", "latest", "trainer_state.json"
@@ -181,8 +184,8 @@ def open_checkpoint(run_dir: str | Path, cfg: Config) -> Checkpoint:
     source = Storage(path)
     manifest = source.manifest()
     if manifest is None:
-        print(f"agentrl: note: {path} has no {MANIFEST} (written by an agentrl before manifests): resuming from it "
-              f"as complete by its {STATE_FILE}, its files unchecked", flush=True)
+        log.info(f"agentrl: note: {path} has no {MANIFEST} (written by an agentrl before manifests): resuming from it "
+                 f"as complete by its {STATE_FILE}, its files unchecked")
     else:
         _checked(run_dir, lambda: source.verify(_driver_files(state, manifest)))
     return Checkpoint(path, state, source, manifest)
@@ -206,7 +209,7 @@ def _open_stored(run_dir: Path, store: Storage, cfg: Config) -> Checkpoint:
     for log in RUN_LOGS:  # the logs as of the checkpoint (a local copy may be another node's, older)
         if (data := store.read_bytes(log)) is not None:
             atomic_write(run_dir / log, data)
-    print(f"agentrl: downloaded {name}'s driver files and the run's logs from {store} into {run_dir}", flush=True)
+    log.info(f"agentrl: downloaded {name}'s driver files and the run's logs from {store} into {run_dir}")
     return Checkpoint(path, state, source, manifest)
 
 
@@ -348,7 +351,7 @@ def reopen_run_dir(ckpt: Checkpoint, cfg: Config) -> Path:
             os.truncate(run_dir / log, size)
     if (run_dir / TRAJECTORY_DIR).is_dir():
         discard_after(run_dir / TRAJECTORY_DIR, ckpt.step)
-    print(f"agentrl: resuming run {run_dir} from {ckpt.path.name} (step {ckpt.step} of {cfg.train.steps})", flush=True)
+    log.info(f"agentrl: resuming run {run_dir} from {ckpt.path.name} (step {ckpt.step} of {cfg.train.steps})")
     return run_dir
 
 

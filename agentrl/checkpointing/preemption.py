@@ -28,6 +28,10 @@ import signal
 import threading
 import time
 
+from agentrl.common.log import get_logger
+
+log = get_logger(__name__)
+
 # EX_TEMPFAIL (sysexits.h): "try again later" — the run stopped cleanly on a signal, with a checkpoint
 EXIT_PREEMPTED = 75
 
@@ -72,7 +76,7 @@ class StopOnSignal:
 
     def _announce(self, what: str) -> None:
         self._requested = what
-        print(f"agentrl: {what} received: finishing this step, then a checkpoint and exit {EXIT_PREEMPTED}", flush=True)
+        log.warning(f"agentrl: {what} received: finishing this step, then a checkpoint and exit {EXIT_PREEMPTED}")
 
     def _handle(self, signum, frame) -> None:
         if self._requested is None:

@@ -296,6 +296,10 @@ class TelemetryConfig(Section):
     # MLFLOW_EXPERIMENT_NAME, default agentrl), "wandb" (WANDB_MODE, default offline; WANDB_PROJECT,
     # default agentrl; WANDB_DIR, default the run folder). Needs `pip install -e '.[trackers]'` in the agentrl clone.
     loggers: list[Literal["mlflow", "wandb"]] = Field(default_factory=list)
+    # The driver's messages shown (the "agentrl" logger): INFO = status lines and what went wrong,
+    # WARNING = only what went wrong (a restarted worker, a dropped episode), ERROR = what stopped the run.
+    # The actors' messages (recovery notices) are always shown.
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 
 class RuntimeConfig(Section):

@@ -25,12 +25,15 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from agentrl.agent.chat import with_template_text
 from agentrl.api import POLICY, GroupRef, GroupSummary
 from agentrl.checkpointing.preemption import NOTICE_HOOK
+from agentrl.common.log import get_logger
 from agentrl.config import Config, InputError
 from agentrl.methods.base import RolloutRole
 from agentrl.methods.registry import extra_roles
 from agentrl.models.hub import HubModelError, parse_hub_id, resolve_hub_model
 from agentrl.planning.cluster_shape import embedded_cpus
 from agentrl.planning.placement import rollout_bundle, rollout_uses_groups
+
+log = get_logger(__name__)
 
 
 def init_ray(cfg: Config) -> bool:
@@ -212,8 +215,7 @@ class RolloutSide:
             try:
                 out.append(ray.get(ref))
             except ray.exceptions.RayActorError as err:
-                print(f"recovery: a rollout worker died while starting ({type(err).__name__}); waiting for its restart",
-                      flush=True)
+                log.warning(f"recovery: a rollout worker died while starting ({type(err).__name__}); waiting for its restart")
                 out.append(self.revive(w))
         return out
 
@@ -268,7 +270,7 @@ class RolloutSide:
             except ray.exceptions.RayActorError:
                 ready = False
             if not ready:
-                print("recovery: a rollout worker was restarted while idle; rebuilding its engine", flush=True)
+                log.warning("recovery: a rollout worker was restarted while idle; rebuilding its engine")
                 self.revive(w)
                 revived.append((w, role))
         return revived

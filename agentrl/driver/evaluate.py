@@ -30,6 +30,7 @@ from pathlib import Path
 
 import ray
 
+from agentrl.common.log import get_logger, set_level
 from agentrl.config.schema import Config, RolloutConfig
 from agentrl.driver.cluster import RolloutSide, init_ray, resolve_model_path
 from agentrl.envs.behaviours import behaviour_rates
@@ -37,6 +38,8 @@ from agentrl.rollout.worker import tool_error_line
 from agentrl.telemetry.progress import print_eval_progress
 from agentrl.telemetry.summaries import summarize
 from agentrl.telemetry.trajectories import EVAL_STEP, TRAJECTORY_DIR, TrajectoryLog, eval_records
+
+log = get_logger(__name__)
 
 # The gold replay is not a model: give it room for long-context tool outputs and every gold step
 # (BFCL turns take up to ~20 calls; long_context observations run to thousands of tokens).
@@ -112,10 +115,11 @@ def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path | None =
     (``trajectories/`` next to it)."""
     from agentrl.envs.sources import resolve_task_sources
 
+    set_level(cfg.telemetry.log_level)
     check_sampling(samples, temperature, gold)
     tasks = first_per_category(resolve_task_sources(source), limit)  # errors: the CLI reports them
     model_path = resolve_model_path(cfg)
-    print(f"agentrl eval: {len(tasks)} tasks from {source}, policy {'gold' if gold else model_path}", flush=True)
+    log.info(f"agentrl eval: {len(tasks)} tasks from {source}, policy {'gold' if gold else model_path}")
     import torch  # noqa: F401  (before Ray; see driver.train)
 
     owns_ray = init_ray(cfg)
@@ -125,7 +129,7 @@ def evaluate(cfg: Config, source: str, gold: bool, out_path: str | Path | None =
         if any(t.backend == "sgls" for t in tasks) and cfg.tools.sgls is None:
             raise ValueError(f"{source} has tasks with backend 'sgls' (LLM-simulated tools): set tools.sgls")
         rollout = cfg.rollout.model_copy(update=GOLD_LIMITS) if gold else cfg.rollout
-        print(f"agentrl eval: {rollout_settings(rollout, cfg.model.dtype, gold, samples, temperature)}", flush=True)
+        log.info(f"agentrl eval: {rollout_settings(rollout, cfg.model.dtype, gold, samples, temperature)}")
         side = RolloutSide.create(cfg, model_path, rollout_cfg=rollout, engine=not gold)
         side.start()
         results = side.evaluate(tasks, gold, samples, temperature, progress=partial(print_eval_progress, "agentrl eval", t0))
@@ -198,7 +202,7 @@ def write_records(episodes: list, folder: Path, model_path: str) -> Path | None:
         log.add(EVAL_STEP, eval_records(episodes, lambda ids: tokenizer.decode(ids, skip_special_tokens=False)))
         return log.close()
     except Exception as err:  # noqa: BLE001 - the transcripts are a view; the results are written
-        print(f"warning: no transcripts written: {type(err).__name__}: {err}", flush=True)
+        log.warning(f"warning: no transcripts written: {type(err).__name__}: {err}")
         return None
 
 

@@ -18,6 +18,7 @@ import ray
 
 from agentrl.checkpointing.checkpoint import open_checkpoint, reopen_run_dir, run_storage, sync_run_files
 from agentrl.checkpointing.preemption import Preempted, ResumableFailure, StopOnSignal
+from agentrl.common.log import get_logger, set_level
 from agentrl.common.plugins import find_plugin_error
 from agentrl.config import Config, dump_config
 from agentrl.config.process_env import set_default_env
@@ -26,6 +27,8 @@ from agentrl.driver.task_sources import load_task_sources
 from agentrl.driver.trainer import Trainer
 from agentrl.telemetry.progress import eval_table
 from agentrl.telemetry.trackers import check_trackers
+
+log = get_logger(__name__)
 
 
 def train(cfg: Config, config_path: str | None = None, resume: str | Path | None = None,
@@ -38,6 +41,7 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
     from agentrl.telemetry.report import write_report
 
     set_default_env()
+    set_level(cfg.telemetry.log_level)
     resolve_model_path(cfg)  # a missing model or task set fails here: before a run folder exists or Ray starts
     check_trackers(cfg.telemetry.loggers)  # and a tracker package that is not installed
     checkpoint = open_checkpoint(resume, cfg) if resume is not None else None
@@ -46,7 +50,7 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
     store = run_storage(cfg, run_dir)  # run.storage: the checkpoints, final/ and the logs go there
     if store is not None:
         sync_run_files(store, run_dir)
-        print(f"agentrl: run.storage: checkpoints, final/ and logs go to {store}", flush=True)
+        log.info(f"agentrl: run.storage: checkpoints, final/ and logs go to {store}")
 
     # Load torch's libraries before Ray starts: under `ray job submit --working-dir`, importing torch
     # after ray.init() sometimes died with "oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"
@@ -66,7 +70,7 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
         with StopOnSignal() as stop:
             evals = _run(trainer, cfg, run_dir, t_start, stop)
     except Preempted as err:
-        print(f"agentrl: {err}", flush=True)
+        log.warning(f"agentrl: {err}")
         _close(trainer, owns_ray, raise_errors=False)
         _write_results(run_dir, trainer.evals, write_report, strict=False, store=store)
         raise
@@ -78,16 +82,16 @@ def train(cfg: Config, config_path: str | None = None, resume: str | Path | None
             trainer.rollout_side.kill()  # a hung worker would never answer the shutdown below
             again = ("run the same command with --resume auto to continue from the newest complete checkpoint"
                      if cfg.train.checkpoint_every else "train.checkpoint_every=0: no checkpoint, a rerun starts over")
-            print(f"agentrl: the run stopped: {err}; {again}", flush=True)
+            log.error(f"agentrl: the run stopped: {err}; {again}")
         elif bad_input is None:
-            print(f"error: the run failed: {type(err).__name__}: {err}", flush=True)
+            log.error(f"error: the run failed: {type(err).__name__}: {err}")
         _close(trainer, owns_ray, raise_errors=False)
         if not _drop_if_bad_input(err, run_dir, fresh=checkpoint is None):
             _write_results(run_dir, trainer.evals, write_report, strict=False, store=store)
         raise
     _close(trainer, owns_ray)
     _write_results(run_dir, evals, write_report, store=store)
-    print(f"training took {(time.perf_counter() - t_start) / 60:.1f} min; metrics in {run_dir}", flush=True)
+    log.info(f"training took {(time.perf_counter() - t_start) / 60:.1f} min; metrics in {run_dir}")
     _print_evals(evals)
     return evals
 
@@ -103,8 +107,7 @@ def _drop_if_bad_input(err: BaseException, run_dir: Path, fresh: bool) -> bool:
         return False
     if fresh and find_checkpoint(run_dir) is None:
         shutil.rmtree(run_dir, ignore_errors=True)
-        print(f"agentrl: run folder {run_dir} removed: the run stopped on bad input before its first checkpoint",
-              flush=True)
+        log.warning(f"agentrl: run folder {run_dir} removed: the run stopped on bad input before its first checkpoint")
         return True
     (run_dir / "FAILED").write_text(f"{bad}\n", encoding="utf-8")
     return False
@@ -131,7 +134,7 @@ def _write_results(run_dir: Path, evals: dict, write_report, strict: bool = True
         except Exception as err:  # noqa: BLE001 - logged when strict=False
             if strict:
                 raise
-            print(f"warning: {name} not written: {type(err).__name__}: {err}", flush=True)
+            log.warning(f"warning: {name} not written: {type(err).__name__}: {err}")
 
 
 def _make_run_dir(cfg: Config, config_path: str | None, run_dir: Path | None = None) -> Path:
@@ -140,7 +143,7 @@ def _make_run_dir(cfg: Config, config_path: str | None, run_dir: Path | None = N
         run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
-    print(f"agentrl: run {run_dir} (config {config_path or 'defaults'})", flush=True)
+    log.info(f"agentrl: run {run_dir} (config {config_path or 'defaults'})")
     return run_dir
 
 
@@ -153,8 +156,8 @@ def _run(trainer: Trainer, cfg: Config, run_dir: Path, t_start: float, stop: Sto
     step = saved = trainer.start_step
     if step == 0 and cfg.train.eval_at_start:
         evals["start"] = start = _evaluate(trainer, 0)
-        print(f"held-out at start: success {start['success']:.2f} on {int(start['episodes'])} tasks "
-              f"({start['seconds']:.0f}s)", flush=True)
+        log.info(f"held-out at start: success {start['success']:.2f} on {int(start['episodes'])} tasks "
+                 f"({start['seconds']:.0f}s)")
     deadline = trainer.deadline = t_start + cfg.train.max_minutes * 60 if cfg.train.max_minutes else None
     _stop_if_signalled(trainer, stop, step, saved)
     for step in range(trainer.start_step + 1, cfg.train.steps + 1):
@@ -168,7 +171,7 @@ def _run(trainer: Trainer, cfg: Config, run_dir: Path, t_start: float, stop: Sto
             saved = step
         _stop_if_signalled(trainer, stop, step, saved)
         if deadline and time.perf_counter() > deadline:
-            print(f"train.max_minutes reached after step {step}", flush=True)
+            log.info(f"train.max_minutes reached after step {step}")
             break
     trainer.progress.close()
     # async: rollouts started for a step that will not run (the time limit fell during the
@@ -208,4 +211,4 @@ def _print_evals(evals: dict[str, dict[str, float]]) -> None:
         eval_table("held-out success by category, and behaviour rates", {
             row: {k: v for k, v in e.items() if "/" in k} for row, e in evals.items()})
     if "start" in evals and "end" in evals:
-        print(f"held-out success: {evals['start']['success']:.2f} -> {evals['end']['success']:.2f}", flush=True)
+        log.info(f"held-out success: {evals['start']['success']:.2f} -> {evals['end']['success']:.2f}")

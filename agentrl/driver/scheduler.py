@@ -59,6 +59,9 @@ import ray
 from agentrl.api import POLICY, EngineNotStarted, GroupSummary
 from agentrl.checkpointing.preemption import ResumableFailure
 from agentrl.checkpointing.records import pack_groups, unpack_groups
+from agentrl.common.log import get_logger
+
+log = get_logger(__name__)
 
 NO_LOAD_IN_FLIGHT = "never load weights while an episode is in flight"
 
@@ -257,13 +260,13 @@ class RolloutScheduler:
 
     def _restart(self, call) -> None:
         """A dead worker back: restarted by Ray, its engine rebuilt, the weights the engines should have loaded."""
-        print(f"recovery: rollout worker {call.worker_index} died with {len(call.tasks)} group(s) undelivered; "
-              f"waiting for its restart", flush=True)
+        log.warning(f"recovery: rollout worker {call.worker_index} died with {len(call.tasks)} group(s) undelivered; "
+                    f"waiting for its restart")
         seconds = self._revive(call.worker)  # a worker already revived (another of its calls) is left as it is
         version = self._due if self._due is not None else self.version  # the learner's weights
         self._weight_sync.load_into(call.worker, call.role, version)
         self.recoveries["worker_restarts"] += 1
-        print(f"recovery: rollout worker {call.worker_index} back ({seconds:.0f}s, weights v{version})", flush=True)
+        log.info(f"recovery: rollout worker {call.worker_index} back ({seconds:.0f}s, weights v{version})")
 
     def _recover(self, call, err: BaseException, reissue: bool = True):
         """A dead worker restarted (``_restart``); then its call's tasks re-issued one at a time
@@ -291,8 +294,8 @@ class RolloutScheduler:
                 self._restart(part)
                 self.quarantined.add(key)
                 self.recoveries["quarantined_tasks"] += 1
-                print(f"recovery: task {key} quarantined: its rollout worker died with it in a call, then again with it "
-                      "alone; it is not rolled out again in this run", flush=True)
+                log.warning(f"recovery: task {key} quarantined: its rollout worker died with it in a call, then again with it "
+                            "alone; it is not rolled out again in this run")
         return part.merge([])
 
     def _load_weights(self, version: int) -> None:

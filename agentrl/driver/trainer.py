@@ -46,6 +46,7 @@ from agentrl.checkpointing.checkpoint import (
 )
 from agentrl.checkpointing.preemption import ResumableFailure
 from agentrl.checkpointing.records import RemotePart
+from agentrl.common.log import get_logger
 from agentrl.config import Config
 from agentrl.driver.cluster import RolloutSide, resolve_model_path
 from agentrl.driver.scheduler import RolloutScheduler
@@ -58,6 +59,8 @@ from agentrl.telemetry.progress import ProgressLine, print_eval_progress
 from agentrl.telemetry.summaries import eval_metrics, step_metrics
 from agentrl.telemetry.timeline import Timeline
 from agentrl.weight_sync import make_weight_sync
+
+log = get_logger(__name__)
 
 
 class Trainer:
@@ -92,7 +95,7 @@ class Trainer:
         self.learner = LearnerGroup.create(cfg, model_path)
         starts = self.rollout_side.start()
         learner_version = ray.get(self.learner.get_version.remote())
-        print(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{learner_version})", flush=True)
+        log.info(f"rollout engines ready ({', '.join(f'{s:.0f}s' for s in starts)}); learner ready (v{learner_version})")
         sync = make_weight_sync(rt.weight_sync, self.learner, self.workers, self.rollout_side.role_workers)
         self.scheduler = RolloutScheduler(self._launch_rollouts, sync, cfg.train.async_rollouts,
                                           # a restarted engine cannot rejoin an NCCL group: a dead worker stops the run resumably
@@ -195,9 +198,9 @@ class Trainer:
         self.scheduler.prefetch(step + 1, until=step if last or out_of_time else self.cfg.train.steps)
         learn = self._await_learner(learning, step) if learning is not None else {}
         if not refs:  # said, since the step line alone would look like any other
-            print(f"step {step}: no group to learn from (every episode dropped, or every group older than "
-                  f"buffer.max_staleness={self.cfg.buffer.max_staleness}); no update, the policy stays at "
-                  f"version {self.version}", flush=True)
+            log.warning(f"step {step}: no group to learn from (every episode dropped, or every group older than "
+                        f"buffer.max_staleness={self.cfg.buffer.max_staleness}); no update, the policy stays at "
+                        f"version {self.version}")
         self.version += 1 if refs else 0
         timings["learn"] = time.perf_counter() - t0
         return learn, bool(refs)
@@ -234,7 +237,7 @@ class Trainer:
         m = step_metrics(summaries, timings, learn, self.version, namespaces=tuple(f"{x.name}/" for x in self.methods))
         m.update(self.scheduler.pop_recoveries())  # recovery/worker_restarts, recovery/reissued_groups
         if m["train/env_failures"]:
-            print(f"recovery: {m['train/env_failures']:.0f} episode(s) dropped: their environment failed", flush=True)
+            log.warning(f"recovery: {m['train/env_failures']:.0f} episode(s) dropped: their environment failed")
         m.update({f"buffer/{k}": float(v) for k, v in ray.get(self.buffer.stats.remote()).items()})
         if self.sgls is not None:  # simulated tool calls, cache hit rate within groups, retries
             m.update({f"sgls/{k}": float(v) for k, v in ray.get(self.sgls.stats.remote()).items()})
@@ -251,9 +254,9 @@ class Trainer:
             return
         try:
             path = self.timeline.write(self.run_dir, ray.timeline())
-            print(f"step timeline: {path} (open in https://ui.perfetto.dev)", flush=True)
+            log.info(f"step timeline: {path} (open in https://ui.perfetto.dev)")
         except Exception as err:  # noqa: BLE001 - e.g. the GCS is gone
-            print(f"warning: no step timeline written: {err}", flush=True)
+            log.warning(f"warning: no step timeline written: {err}")
 
     def drain_pool_log(self) -> dict[str, float]:
         """Append the RODS pool's events since the last drain to rods_pool.jsonl; returns its metrics."""
@@ -316,7 +319,7 @@ class Trainer:
             try:
                 part()
             except Exception as err:  # noqa: BLE001 - logged; raised below unless an error is in flight
-                print(f"warning: shutdown: {name} failed: {type(err).__name__}: {err}", flush=True)
+                log.warning(f"warning: shutdown: {name} failed: {type(err).__name__}: {err}")
                 errors.append(err)
         if errors and raise_errors:
             raise errors[0]

@@ -39,6 +39,7 @@ from typing import Any
 
 import jsonschema
 
+from agentrl.common.log import get_logger
 from agentrl.common.plugins import plugins_hint
 from agentrl.common.registry import Registry, where
 from agentrl.envs.base import ToolBackend
@@ -48,6 +49,8 @@ from agentrl.envs.executable import ArgChecks, ExecutableBackend, checked_call, 
 from agentrl.envs.toolspec import function_spec
 from agentrl.tasks.io import register_task_hook
 from agentrl.tasks.schema import FunctionSpec, Task, ToolCall, ToolSpec
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -233,8 +236,7 @@ class PluginSession:
         try:
             close()
         except Exception as err:  # noqa: BLE001 - reported; the episode's result stands
-            print(f"task {self.task.id!r}: backend {self.task.backend!r} close() failed: {type(err).__name__}: {err}",
-                  flush=True)
+            log.warning(f"task {self.task.id!r}: backend {self.task.backend!r} close() failed: {type(err).__name__}: {err}")
 
     def _closed_turn_passes(self, turn_index: int, turn_results: Sequence, all_results: Sequence) -> "ClosedTurn":
         return ClosedTurn()

@@ -23,8 +23,11 @@ import ray
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from agentrl.common.log import get_logger
 from agentrl.config import Config
 from agentrl.planning.placement import learner_bundles
+
+log = get_logger(__name__)
 
 PLACEMENT_NOTICE_S = 30.0  # how long to wait for the placement before saying what it waits for
 
@@ -135,8 +138,8 @@ def _wait_for_placement(placement, n: int, bundle: dict) -> None:
         ready, _ = ray.wait([placement.ready()], timeout=PLACEMENT_NOTICE_S)
         if ready:
             return
-        print(f"learner group: waiting {time.monotonic() - t0:.0f}s for {n} bundles of {bundle} "
-              f"(cluster free: {ray.available_resources()})", flush=True)
+        log.info(f"learner group: waiting {time.monotonic() - t0:.0f}s for {n} bundles of {bundle} "
+                 f"(cluster free: {ray.available_resources()})")
 
 
 __all__ = ["LearnerGroup"]

@@ -24,6 +24,7 @@ from agentrl.agent.chat import formatter_for
 from agentrl.agent.episode import EpisodeLimits, run_episode
 from agentrl.agent.gold import GoldPolicy
 from agentrl.api import ENV_ERROR, POLICY, EngineNotStarted, EnvError, Episode, EpisodeGroup, Generation, GroupSummary
+from agentrl.common.log import get_logger
 from agentrl.common.plugins import PluginError, load_plugins
 from agentrl.config.process_env import set_default_env
 from agentrl.envs.behaviours import episode_behaviours
@@ -33,6 +34,8 @@ from agentrl.rewards.scoring import apply_summary, score_episode, seen_context
 from agentrl.rewards.summary import episode_summary_reward
 from agentrl.rollout.tool_pool import ToolPool, score_live
 from agentrl.tasks.schema import Task
+
+log = get_logger(__name__)
 
 
 class _EnginePolicy:
@@ -132,8 +135,8 @@ def exit_if_engine_dead(err: BaseException, worker_index: int) -> None:
     from vllm.v1.engine.exceptions import EngineDeadError
 
     if isinstance(err, EngineDeadError):
-        print(f"recovery: rollout worker {worker_index}: its vLLM engine died ({err}); the worker exits to be "
-              "restarted", flush=True)
+        log.error(f"recovery: rollout worker {worker_index}: its vLLM engine died ({err}); the worker exits to be "
+                  "restarted")
         os._exit(1)
 
 
@@ -218,7 +221,7 @@ class RolloutWorker:
             try:
                 return await score_live(session, ep)
             except EnvError as err:  # its tool actor died or timed out while scoring: the environment failed
-                print(f"scoring failed: {err}", flush=True)
+                log.warning(f"scoring failed: {err}")
                 ep.termination = ENV_ERROR
         return 0.0, 0.0  # no session left to read; the episode is dropped from training, failed in evaluation
 
@@ -250,7 +253,7 @@ class RolloutWorker:
         try:
             session = await self.pool.open(session_id, task)
         except EnvError as err:
-            print(f"episode {session_id} dropped: {err}", flush=True)
+            log.warning(f"episode {session_id} dropped: {err}")
             return None
         policy = GoldPolicy(task, self.formatter) if gold else _EnginePolicy(self.engine, sampling, self.formatter.eos_token_ids)
         try:
@@ -267,7 +270,7 @@ class RolloutWorker:
         finally:
             await session.close()
         if ep.termination == ENV_ERROR:
-            print(f"episode {session_id} dropped: its environment failed mid-episode", flush=True)
+            log.warning(f"episode {session_id} dropped: its environment failed mid-episode")
         self._score(ep, task, live_score)
         if self.judge is not None and judge and ep.termination != ENV_ERROR:
             await self._judge(ep, task)
@@ -304,8 +307,8 @@ class RolloutWorker:
                     break
                 # the whole group again, not only the failed episodes: its advantages compare
                 # episodes of one draw (a restarted tool actor serves the new sessions)
-                print(f"recovery: group {gid}: {group_size - len(eps)} episode(s) lost their environment; "
-                      f"rolling the group out again ({attempt + 1}/{env_retries})", flush=True)
+                log.warning(f"recovery: group {gid}: {group_size - len(eps)} episode(s) lost their environment; "
+                            f"rolling the group out again ({attempt + 1}/{env_retries})")
             reruns = attempt
             if not eps:
                 return dropped_summary(task.id, version, group_size, self.role, reruns), None
