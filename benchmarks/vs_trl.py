@@ -9,7 +9,7 @@
         --config configs/smollm2_bank.yaml --tasks-per-step 4 --group-size 8 --out docs/benchmarks/vs_trl_smollm2
 
 Both arms train ``agentrl/assets/tiny-agent`` (fp32, CPU) on the fresh built-in bank tasks the quickstart
-draws (``generate_tasks(suite="bank")``, seed 1_000_000 + step, held-out tasks excluded); one optimizer
+draws (the ``bank`` task generator, seed 1_000_000 + step, held-out tasks excluded); one optimizer
 step = ``--tasks-per-step`` tasks x ``--group-size`` episodes. Reported: median s/step over steps 2..N
 (step 1 carries warm-up), steps/hour, trajectories/hour, and total wall time (start-up included).
 
@@ -148,13 +148,14 @@ def arm_settings(args, cfg, arm: str) -> dict:
 
 def fresh_tasks(steps: int, n: int, seed: int = 0, suite: str = "bank") -> list:
     """The tasks the quickstart's ``TaskSampler`` draws for ``steps`` steps (``tasks.fresh_train``)."""
-    from agentrl.envs.builtin.generator import builtin_split, generate_tasks
+    from agentrl.envs.builtin.generator import builtin_split
+    from agentrl.envs.sources import generate_fresh_tasks
     from agentrl.tasks.schema import text_key
 
     heldout = {text_key(t) for t in builtin_split("bank-heldout")}
     base = 1_000_000 + seed * 10_000
     return [t for s in range(1, steps + 1)
-            for t in generate_tasks(n, seed=base + s, id_prefix=f"fresh{base + s}", exclude=heldout, suite=suite)]
+            for t in generate_fresh_tasks(suite, n, base + s, f"fresh{base + s}", heldout)]
 
 
 def summary(arm: str, backend: str, step_s: list[float], gen_s: list[float], episodes: float, wall: float,

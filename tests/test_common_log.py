@@ -46,8 +46,14 @@ def test_one_handler_however_often_it_is_asked_for_and_a_host_can_replace_it(cap
     root.removeHandler(ours[0])
     root.addHandler(mine)
     try:
-        get_logger("agentrl.y")  # asking again puts ours back ...
-        get_logger("agentrl.y").warning("w")
+        set_level("INFO")  # what train() and evaluate() do
+        get_logger("agentrl.y").warning("w")  # a module imported later asks too
+        assert [h for h in root.handlers if type(h).__name__ == "_StdoutLines"] == []  # ours stays out
     finally:
         root.removeHandler(mine)
-    assert seen == ["w"]  # ... beside the host's, which sees every message
+        root.addHandler(ours[0])
+    assert seen == ["w"] and capsys.readouterr().out == ""
+
+
+def test_a_plugin_module_named_like_agentrl_gets_a_logger_inside_the_tree():
+    assert get_logger("agentrl_plugin_env_1234abcd").name == "agentrl.agentrl_plugin_env_1234abcd"

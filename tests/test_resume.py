@@ -164,6 +164,22 @@ def test_logs_are_cut_back_to_the_checkpoint(tmp_path):
     assert any((tmp_path / "tb").iterdir())
 
 
+def test_reopening_a_run_folder_cuts_its_logs_and_says_so(tmp_path, capsys):
+    """What ``agentrl train --resume`` does first, without Ray: the config saved, half-written
+    checkpoints removed, each log cut back to its size at the checkpoint, one line said."""
+    from agentrl.checkpointing.checkpoint import FORMAT, POOL_LOG, Checkpoint, reopen_run_dir
+    from agentrl.config import load_config
+
+    path = _fake_checkpoint(tmp_path, 2)
+    (tmp_path / POOL_LOG).write_text("0123456789")
+    (tmp_path / ".checkpoint-4.tmp").mkdir()
+    cfg = load_config(None, ["train.steps=5"])
+    assert reopen_run_dir(Checkpoint(path, {"format": FORMAT, "step": 2, "logs": {POOL_LOG: 4}}), cfg) == tmp_path
+    assert (tmp_path / POOL_LOG).read_text() == "0123" and not (tmp_path / ".checkpoint-4.tmp").exists()
+    assert (tmp_path / "config.yaml").is_file()
+    assert capsys.readouterr().out == f"agentrl: resuming run {tmp_path} from checkpoint-2 (step 2 of 5)\n"
+
+
 def _rows(step: int) -> list[dict]:
     return [{"step": step, "task_id": f"t{step}", "group_id": "g", "index": 0, "policy_version": step - 1, "outcome": 1.0,
              "progress": 1.0, "termination": "done", "n_turns": 1, "turn_passed": [True], "tokens": 3, "policy_tokens": 1,

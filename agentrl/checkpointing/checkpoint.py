@@ -206,10 +206,10 @@ def _open_stored(run_dir: Path, store: Storage, cfg: Config) -> Checkpoint:
     state = _read_state(path, cfg)
     _checked(run_dir, lambda: source.download([p for p in _driver_files(state, manifest) if p["path"] != STATE_FILE], path))
     Storage(path).write_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())
-    for log in RUN_LOGS:  # the logs as of the checkpoint (a local copy may be another node's, older)
-        if (data := store.read_bytes(log)) is not None:
-            atomic_write(run_dir / log, data)
-    log.info(f"agentrl: downloaded {name}'s driver files and the run's logs from {store} into {run_dir}")
+    for name in RUN_LOGS:  # the logs as of the checkpoint (a local copy may be another node's, older)
+        if (data := store.read_bytes(name)) is not None:
+            atomic_write(run_dir / name, data)
+    log.info(f"agentrl: downloaded {path.name}'s driver files and the run's logs from {store} into {run_dir}")
     return Checkpoint(path, state, source, manifest)
 
 
@@ -346,9 +346,9 @@ def reopen_run_dir(ckpt: Checkpoint, cfg: Config) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     keep_steps_through(run_dir / TASKS_LOG, ckpt.step)
     sizes = ckpt.state["logs"] if ckpt.state["format"] >= 3 else {POOL_LOG: ckpt.state["pool_log_bytes"]}
-    for log, size in sizes.items():
-        if (run_dir / log).exists() and (run_dir / log).stat().st_size > size:
-            os.truncate(run_dir / log, size)
+    for name, size in sizes.items():
+        if (run_dir / name).exists() and (run_dir / name).stat().st_size > size:
+            os.truncate(run_dir / name, size)
     if (run_dir / TRAJECTORY_DIR).is_dir():
         discard_after(run_dir / TRAJECTORY_DIR, ckpt.step)
     log.info(f"agentrl: resuming run {run_dir} from {ckpt.path.name} (step {ckpt.step} of {cfg.train.steps})")

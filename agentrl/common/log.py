@@ -29,23 +29,28 @@ class _StdoutLines(logging.Handler):
             self.handleError(record)
 
 
+_installed = False  # our handler is added once per process; a host may remove it for good
+
+
 def get_logger(name: str) -> logging.Logger:
-    """The logger of module ``name`` (``__name__``), below ``agentrl``, whose handler is set up
-    once per process."""
+    """The logger of module ``name`` (``__name__``), below ``agentrl``. The first call in a process
+    gives the ``agentrl`` logger its stdout handler (module docstring)."""
+    global _installed
     root = logging.getLogger(ROOT)
-    if not any(isinstance(h, _StdoutLines) for h in root.handlers):
+    if not _installed:
+        _installed = True
         handler = _StdoutLines()
         handler.setFormatter(logging.Formatter("%(message)s"))
         root.addHandler(handler)
         root.propagate = False  # not twice when the host program logs to the terminal too
         if root.level == logging.NOTSET:
             root.setLevel(logging.INFO)
-    return logging.getLogger(name if name.startswith(ROOT) else f"{ROOT}.{name}")
+    return logging.getLogger(name if name == ROOT or name.startswith(ROOT + ".") else f"{ROOT}.{name}")
 
 
 def set_level(level: str) -> None:
     """Show agentrl's messages at ``level`` ("DEBUG", "INFO", "WARNING", "ERROR") and above."""
-    get_logger(ROOT).setLevel(level)
+    logging.getLogger(ROOT).setLevel(level)
 
 
 __all__ = ["get_logger", "set_level"]

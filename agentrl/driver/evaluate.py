@@ -198,9 +198,9 @@ def write_records(episodes: list, folder: Path, model_path: str) -> Path | None:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        log = TrajectoryLog(folder / TRAJECTORY_DIR, every=1)
-        log.add(EVAL_STEP, eval_records(episodes, lambda ids: tokenizer.decode(ids, skip_special_tokens=False)))
-        return log.close()
+        records = TrajectoryLog(folder / TRAJECTORY_DIR, every=1)
+        records.add(EVAL_STEP, eval_records(episodes, lambda ids: tokenizer.decode(ids, skip_special_tokens=False)))
+        return records.close()
     except Exception as err:  # noqa: BLE001 - the transcripts are a view; the results are written
         log.warning(f"warning: no transcripts written: {type(err).__name__}: {err}")
         return None

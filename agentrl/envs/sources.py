@@ -122,5 +122,5 @@ def _builtin_suite(suite: str) -> TaskGenerator:
     return generate
 
 
-for _suite in SUITES:  # "all" (every builtin domain) and "bank" (the quickstart's)
+for _suite in SUITES:  # "all" (every builtin domain), "bank" (the quickstart's), the method settings
     register_task_generator(_suite, _builtin_suite(_suite))
