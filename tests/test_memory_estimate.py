@@ -11,7 +11,6 @@ import pytest
 from agentrl.engines.memory_estimate import (
     MAX_LOGIT_ELEMENTS,
     ModelDims,
-    compare_with_deepspeed,
     decoder_saved_bytes,
     estimate_for_config,
     estimate_learner_memory,
@@ -19,6 +18,7 @@ from agentrl.engines.memory_estimate import (
     lora_target_names,
     model_states,
 )
+from agentrl.engines.memory_vs_deepspeed import compare_with_deepspeed
 
 # Public config.json dimensions (Hugging Face model cards' configs) and their published parameter counts.
 PUBLIC = {
