@@ -69,8 +69,5 @@ class Registry(Generic[T]):
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._entries))
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
 
 __all__ = ["Registry", "where"]
