@@ -42,6 +42,10 @@ def test_rollout_workers_may_change_on_resume_learner_ranks_may_not(tmp_path):
     assert resumable("rollout.num_workers") and not resumable("learner.num_ranks")
     assert load_resume_config(run, ["rollout.num_workers=1"]).rollout.num_workers == 1
     assert load_resume_config(run, ["rollout.num_workers=8"]).rollout.num_workers == 8
+    # an engine killed for GPU memory resumes with a smaller share; its cores may move
+    engine = load_resume_config(run, ["rollout.engine.gpu_memory_utilization=0.3",
+                                      "rollout.engine.cpu_threads_bind=0"]).rollout.engine
+    assert (engine.gpu_memory_utilization, engine.cpu_threads_bind) == (0.3, "0")
     with pytest.raises(ConfigError) as err:
         load_resume_config(run, ["rollout.num_workers=2", "learner.num_ranks=1"])
     text = str(err.value)

@@ -47,35 +47,39 @@ def _sigterm_when(predicate, timeout_s: float = 900) -> threading.Thread:
     return thread
 
 
-def test_sigterm_checkpoints_and_resume_auto_continues(tiny_model_dir, ray_cluster, tmp_path):
+def test_sigterm_checkpoints_and_resume_auto_continues(tiny_model_dir, ray_cluster, tmp_path, capsys):
+    """SIGTERM during step 3 (sent once step 2 is logged): step 3 finishes, its periodic held-out
+    evaluation is skipped (a grace period is for the checkpoint), checkpoint-3, exit 75; the resume
+    continues with steps 4 and 5."""
     config = tmp_path / "job.yaml"
     config.write_text(dump_config(load_config(None, [
         f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path / 'runs'}", "run.name=job", "tasks.heldout_size=2",
         "rollout.group_size=2", "rollout.tasks_per_step=2", "rollout.max_new_tokens=48", "learner.micro_batch_size=4",
-        "learner.lr=1e-3", "train.steps=5", "train.checkpoint_every=2", "train.keep_checkpoints=1",
+        "learner.lr=1e-3", "train.steps=5", "train.checkpoint_every=3", "train.eval_every=3", "train.keep_checkpoints=1",
         "train.eval_at_start=false", "train.eval_at_end=false", "telemetry.progress=false",
         "telemetry.trajectories_every=0", "telemetry.ray_metrics=false", "telemetry.tensorboard=false"])))
     run = tmp_path / "runs" / "job"
     (run / "stale.txt").parent.mkdir(parents=True)
     (run / "stale.txt").write_text("an attempt that died before its first checkpoint")
 
-    watcher = _sigterm_when(lambda: any(r.get("step") == 3 for r in _jsonl(run / METRICS_FILE)))
+    watcher = _sigterm_when(lambda: any(r.get("step") == 2 for r in _jsonl(run / METRICS_FILE)))
     assert main(["train", str(config), "--resume", "auto"]) == EXIT_PREEMPTED
     watcher.join(timeout=1)
     assert [p.name for p in (tmp_path / "runs").glob("job.attempt-*")] and not (run / "stale.txt").exists()
-    stopped = [r["step"] for r in _jsonl(run / METRICS_FILE)]
-    last = stopped[-1]
-    assert last >= 3 and stopped == list(range(1, last + 1))  # the step in progress finished
-    assert (run / LATEST).read_text().strip() == f"checkpoint-{last}"
-    assert [s for s, _ in complete_checkpoints(run)] == [last]  # keep_checkpoints=1 pruned checkpoint-2
+    rows = _jsonl(run / METRICS_FILE)
+    assert [r["step"] for r in rows] == [1, 2, 3]  # the step in progress finished
+    assert not [k for r in rows for k in r if k.startswith("eval/")]  # step 3's evaluation waited for no one
+    assert "held-out evaluation at step 3 skipped: SIGTERM received" in capsys.readouterr().out
+    assert (run / LATEST).read_text().strip() == "checkpoint-3"
+    assert [s for s, _ in complete_checkpoints(run)] == [3]
     assert not (run / "final").exists()
 
     assert main(["train", str(config), "--resume", "auto"]) == 0
     (resumed,) = _jsonl(run / "resumes.jsonl")
-    assert resumed["step"] == last and resumed["learner_digest_match"]
+    assert resumed["step"] == 3 and resumed["learner_digest_match"]
     assert [r["step"] for r in _jsonl(run / METRICS_FILE)] == [1, 2, 3, 4, 5]
     assert [r["train/policy_version"] for r in _jsonl(run / METRICS_FILE)] == [1, 2, 3, 4, 5]
-    assert [s for s, _ in complete_checkpoints(run)] == [5] and (run / "final").is_dir()
+    assert [s for s, _ in complete_checkpoints(run)] == [5] and (run / "final").is_dir()  # checkpoint-3 pruned
 
 
 @pytest.mark.heavy

@@ -31,7 +31,8 @@ RESUMABLE = (
     # the engines' size, layout and number: the same sampling distribution on other devices, or
     # spread over fewer or more engines (a run that lost a node goes on with what is left); the
     # tasks of a step and the in-flight rollouts a checkpoint keeps do not depend on how many there are
-    "rollout.engine.kv_cache_gib", "rollout.engine.tensor_parallel_size", "rollout.num_workers",
+    "rollout.engine.kv_cache_gib", "rollout.engine.gpu_memory_utilization", "rollout.engine.cpu_threads_bind",
+    "rollout.engine.tensor_parallel_size", "rollout.num_workers",
     # the learner's memory levers: the loss is normalized over the whole mini-batch, so splitting
     # it into other micro-batches gives the same update up to rounding (a run near its memory
     # limit resumes with smaller ones)

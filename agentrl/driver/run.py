@@ -151,7 +151,8 @@ def _run(trainer: Trainer, cfg: Config, run_dir: Path, t_start: float, stop: Sto
     """The evaluations, the steps and the checkpoints, from step 1 or after the resumed checkpoint;
     returns the start/end evaluations. With train.checkpoint_every the last step is checkpointed
     too, so ``--resume RUN train.steps=N`` can extend a finished run. When ``stop`` has seen a
-    signal, the run checkpoints after the step in progress and raises ``Preempted``."""
+    signal, the run checkpoints after the step in progress (skipping a periodic evaluation due
+    then; one already under way finishes first) and raises ``Preempted``."""
     evals = trainer.evals
     step = saved = trainer.start_step
     if step == 0 and cfg.train.eval_at_start:
@@ -165,7 +166,11 @@ def _run(trainer: Trainer, cfg: Config, run_dir: Path, t_start: float, stop: Sto
         trainer.metrics.log(step, m)
         trainer.progress.update(step, m)
         if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
-            _evaluate(trainer, step)
+            if stop.requested is None:
+                _evaluate(trainer, step)
+            else:  # the grace period is for the checkpoint: a held-out pass (400 tasks) could outlast it
+                log.warning(f"held-out evaluation at step {step} skipped: {stop.requested} received; the checkpoint "
+                            "comes first (a resumed run does not redo it)")
         if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
             trainer.checkpoint(step)
             saved = step
