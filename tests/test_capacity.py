@@ -43,9 +43,10 @@ def test_rollout_workers_may_change_on_resume_learner_ranks_may_not(tmp_path):
     assert load_resume_config(run, ["rollout.num_workers=1"]).rollout.num_workers == 1
     assert load_resume_config(run, ["rollout.num_workers=8"]).rollout.num_workers == 8
     # an engine killed for GPU memory resumes with a smaller share; its cores may move
-    engine = load_resume_config(run, ["rollout.engine.gpu_memory_utilization=0.3",
-                                      "rollout.engine.cpu_threads_bind=0"]).rollout.engine
-    assert (engine.gpu_memory_utilization, engine.cpu_threads_bind) == (0.3, "0")
+    moved = load_resume_config(run, ["rollout.engine.gpu_memory_utilization=0.3", "rollout.engine.cpu_threads_bind=0",
+                                     "learner.threads=1", "rspo.explorer_cpu_threads_bind=1"])
+    assert (moved.rollout.engine.gpu_memory_utilization, moved.rollout.engine.cpu_threads_bind) == (0.3, "0")
+    assert (moved.learner.threads, moved.rspo.explorer_cpu_threads_bind) == (1, "1")
     with pytest.raises(ConfigError) as err:
         load_resume_config(run, ["rollout.num_workers=2", "learner.num_ranks=1"])
     text = str(err.value)

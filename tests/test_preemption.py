@@ -33,6 +33,14 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+def _logged(path: Path) -> list[dict]:
+    """``_jsonl`` while another thread may be writing: a line read half-written counts as not yet there."""
+    try:
+        return _jsonl(path)
+    except ValueError:
+        return []
+
+
 def _sigterm_when(predicate, timeout_s: float = 900) -> threading.Thread:
     def watch():
         deadline = time.monotonic() + timeout_s
@@ -48,7 +56,8 @@ def _sigterm_when(predicate, timeout_s: float = 900) -> threading.Thread:
 
 
 def test_sigterm_checkpoints_and_resume_auto_continues(tiny_model_dir, ray_cluster, tmp_path, capsys):
-    """SIGTERM during step 3 (sent once step 2 is logged): step 3 finishes, its periodic held-out
+    """SIGTERM during step 3 (sent once step 3's tasks are stored, before its update, so strictly
+    after the driver looked for a signal following step 2): step 3 finishes, its periodic held-out
     evaluation is skipped (a grace period is for the checkpoint), checkpoint-3, exit 75; the resume
     continues with steps 4 and 5."""
     config = tmp_path / "job.yaml"
@@ -62,7 +71,7 @@ def test_sigterm_checkpoints_and_resume_auto_continues(tiny_model_dir, ray_clust
     (run / "stale.txt").parent.mkdir(parents=True)
     (run / "stale.txt").write_text("an attempt that died before its first checkpoint")
 
-    watcher = _sigterm_when(lambda: any(r.get("step") == 2 for r in _jsonl(run / METRICS_FILE)))
+    watcher = _sigterm_when(lambda: any(r.get("step") == 3 for r in _logged(run / "tasks.jsonl")))
     assert main(["train", str(config), "--resume", "auto"]) == EXIT_PREEMPTED
     watcher.join(timeout=1)
     assert [p.name for p in (tmp_path / "runs").glob("job.attempt-*")] and not (run / "stale.txt").exists()

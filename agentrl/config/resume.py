@@ -37,6 +37,9 @@ RESUMABLE = (
     # it into other micro-batches gives the same update up to rounding (a run near its memory
     # limit resumes with smaller ones)
     "learner.micro_batch_size", "learner.max_tokens_per_micro_batch",
+    # where the compute threads run: the same math, other cores (a run moved to other hardware
+    # rebalances the engine's and the learner's cores)
+    "learner.threads", "rspo.explorer_cpu_threads_bind",
 )
 
 
