@@ -234,3 +234,54 @@ def test_the_learner_derives_the_explorer_without_touching_the_policy(tiny_model
         assert len(part.weights_blob()) > 0
     finally:
         learner.close()
+
+
+def test_the_explorer_computes_at_the_learners_precision_and_recomputes_its_layers(tiny_model_dir):
+    """learner.gradient_checkpointing: B's decoder layers run once more per micro-batch (the
+    recompute in backward) and B ends where it would without; learner.autocast=bfloat16: B's
+    matmuls run in bf16 while its weights stay fp32. The learner's part hands both settings to B."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from agentrl.config.schema import LearnerConfig, RspoConfig
+    from agentrl.engines.policy_logprobs import check_autocast_supported
+    from agentrl.methods.rspo.explorer import Explorer
+    from agentrl.methods.rspo.part import ExplorerPart
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    batch = explorer_batch(merge_mixed_groups(_mixed()), "process")
+    micro_batches = math.ceil(len(batch) / 2)
+
+    def derive(**precision) -> tuple[Explorer, int, set]:
+        explorer = Explorer(lr=1e-2, steps=1, grad_clip=1.0, micro_batch_size=2, temperature=1.0,
+                            loss_cfg=PolicyLossConfig(kl_coef=0.0), tied_embeddings=False, **precision)
+        explorer._build(policy)
+        layers = [m for m in explorer.model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        calls, dtypes = [0], set()
+        # a pre-hook: the recompute in backward stops once it has what backward needs, before a forward hook would run
+        layers[0].register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        linear = next(m for m in explorer.model.modules() if isinstance(m, torch.nn.Linear))
+        linear.register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
+        explorer.derive(policy, batch, pad_id=0, device="cpu")  # the derivation and its KL pass
+        return explorer, calls[0], dtypes
+
+    plain, plain_calls, plain_dtypes = derive()
+    ckpt, ckpt_calls, _ = derive(gradient_checkpointing=True)
+    assert plain_calls == 2 * micro_batches and ckpt_calls == 3 * micro_batches
+    a, b = plain.state_dict_for_inference(), ckpt.state_dict_for_inference()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert plain_dtypes == {torch.float32}
+    try:
+        check_autocast_supported("bfloat16", torch.device("cpu"))
+    except ValueError as e:
+        pytest.skip(str(e))
+    bf16, _, bf16_dtypes = derive(autocast="bfloat16", gradient_checkpointing=True)
+    assert bf16_dtypes == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
+
+    learner = SimpleNamespace(learner_cfg=LearnerConfig(autocast="bfloat16", gradient_checkpointing=True),
+                              temperature=1.0, loss_cfg=PolicyLossConfig(), tied_embeddings=False)
+    part = ExplorerPart(learner, RspoConfig(enabled=True))
+    assert (part.explorer.autocast, part.explorer.gradient_checkpointing) == ("bfloat16", True)

@@ -13,7 +13,10 @@ the steps (k3 estimator), the size of the exploration B adds, on every ``kl_ever
 (it costs one more forward pass of B).
 
 Plain torch rather than DeepSpeed: one small extra model on the learner's device, and B's update
-needs none of ZeRO's partitioning (``rspo`` refuses ``learner.zero_stage=3``).
+needs none of ZeRO's partitioning (``rspo`` refuses ``learner.zero_stage=3``). B computes as A
+does: its matmuls in ``learner.autocast``'s dtype (fp32 weights), its decoder layers recomputed in
+backward under ``learner.gradient_checkpointing``. Without that a real model's derivation ran in
+fp32 with every activation kept, several times A's update in time and memory.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from torch import nn
 
 from agentrl.algos.losses import PolicyLossConfig, aggregate_tokens, kl_penalty, policy_loss
 from agentrl.api import TrainBatch
+from agentrl.engines.deepspeed_setup import enable_layer_checkpointing
 from agentrl.engines.hf_policy import pad_batch, token_logprobs
 from agentrl.engines.learner_shards import rank_rows
 from agentrl.engines.lora import is_peft_model, merged_weights
 from agentrl.engines.micro_batch import pad_micro_batch
+from agentrl.engines.policy_logprobs import autocast_context
 from agentrl.engines.step_metrics import all_reduce_sums
 
 
@@ -37,8 +42,11 @@ class Explorer:
     same form as the learner's (tied ``lm_head`` dropped), for the explorer's rollout engines."""
 
     def __init__(self, lr: float, steps: int, grad_clip: float, micro_batch_size: int, temperature: float,
-                 loss_cfg: PolicyLossConfig, tied_embeddings: bool, kl_every: int = 1):
+                 loss_cfg: PolicyLossConfig, tied_embeddings: bool, kl_every: int = 1, autocast: str | None = None,
+                 gradient_checkpointing: bool = False):
         self.lr, self.steps, self.grad_clip, self.kl_every = lr, steps, grad_clip, kl_every
+        # learner.autocast and learner.gradient_checkpointing: B computes as A does
+        self.autocast, self.gradient_checkpointing = autocast, gradient_checkpointing
         self.micro_batch_size, self.temperature = micro_batch_size, temperature
         self.loss_cfg, self.tied_embeddings = loss_cfg, tied_embeddings
         self.model: nn.Module | None = None
@@ -64,15 +72,13 @@ class Explorer:
         if self.steps > 1:  # pi_old of the derivation = B before its first step = A, needed up front
             with torch.no_grad():
                 for m in micro:
-                    m.old_logprobs = token_logprobs(self.model, m.input_ids, m.attention_mask, score_mask=m.response_mask,
-                                                    temperature=self.temperature)
+                    m.old_logprobs = self._logprobs(m.input_ids, m.attention_mask, m.response_mask)
         opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.0)
         losses = []
         for _ in range(self.steps):
             total = 0.0
             for m in micro:
-                lp = token_logprobs(self.model, m.input_ids, m.attention_mask, score_mask=m.response_mask,
-                                    temperature=self.temperature)
+                lp = self._logprobs(m.input_ids, m.attention_mask, m.response_mask)
                 if m.old_logprobs is None:  # one step: pi_old is this very forward (B = A)
                     m.old_logprobs = lp.detach()
                 loss, _ = policy_loss(lp, m.old_logprobs, m.advantages, m.response_mask, self.loss_cfg,
@@ -108,6 +114,15 @@ class Explorer:
 
             device = next(policy.parameters()).device
             self.model = AutoModelForCausalLM.from_config(policy.config).to(device=device, dtype=torch.float32).eval()
+            if self.gradient_checkpointing:  # as the learner does A's (deepspeed_setup.enable_layer_checkpointing)
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                enable_layer_checkpointing(self.model)
+
+    def _logprobs(self, input_ids, attention_mask, score_mask=None):
+        """``token_logprobs`` of B at the learner's precision (fp32 weights, autocast matmuls)."""
+        with autocast_context(torch.device(input_ids.device), self.autocast):
+            return token_logprobs(self.model, input_ids, attention_mask, score_mask=score_mask,
+                                  temperature=self.temperature)
 
     # ---- checkpoints (engines/learner_state.py). B's optimizer is made fresh by every derivation,
     # so B's weights and the derivation count are its whole state.
@@ -129,8 +144,7 @@ class Explorer:
         (``old_logprobs``) as the sampling side."""
         total = 0.0
         for m in micro:
-            lp_b = token_logprobs(self.model, m.input_ids, m.attention_mask, score_mask=m.response_mask,
-                                  temperature=self.temperature)
+            lp_b = self._logprobs(m.input_ids, m.attention_mask, m.response_mask)
             total += float(aggregate_tokens(kl_penalty(m.old_logprobs, lp_b, "k3"), m.response_mask, n_tok))
         return total
 
@@ -140,7 +154,7 @@ class Explorer:
         out = []
         for seq in input_ids:
             ids, attn = pad_batch([seq], pad_id, device=device)
-            out.append(token_logprobs(self.model, ids, attn, temperature=self.temperature)[0].float().cpu().tolist())
+            out.append(self._logprobs(ids, attn)[0].float().cpu().tolist())
         return out
 
     @torch.no_grad()
