@@ -106,19 +106,34 @@ def table(summary: dict, base: str | None) -> str:
 
 
 def plot(summary: dict, path: Path) -> None:
+    """Left: held-out success, start -> end, per run (the measure the claims rest on). Middle and
+    right: the sampled training curves, each seed thin and the arm's mean over seeds thick (one
+    step holds 4 tasks, so a single seed's curve is mostly noise)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    colors = {arm: f"C{i}" for i, arm in enumerate(summary["arms"])}
     for r in summary["runs"]:
-        steps = [c["step"] for c in r["curve"]]
-        for ax, key in zip(axes, CURVE):
-            ax.plot(steps, [c[key] for c in r["curve"]], label=r["run"], alpha=0.8)
-    for ax, key in zip(axes, CURVE):
+        start = (r["start"] or {"success": summary["start_success"]})["success"]
+        axes[0].plot([0, r["steps"]], [start, r["end"]["success"]], "o-", color=colors[r["arm"]], alpha=0.7,
+                     label=r["run"])
+    for ax, key in zip(axes[1:], CURVE):
+        for arm, color in colors.items():
+            curves = [r["curve"] for r in summary["runs"] if r["arm"] == arm]
+            for c in curves:
+                ax.plot([x["step"] for x in c], [x[key] for x in c], color=color, alpha=0.25, linewidth=0.8)
+            steps = sorted({x["step"] for c in curves for x in c})
+            mean = [statistics.mean(x[key] for c in curves for x in c if x["step"] == s and x[key] is not None)
+                    for s in steps]
+            ax.plot(steps, mean, color=color, linewidth=2.2, label=f"{arm} (mean of {len(curves)})")
         ax.set_xlabel("step (32 episodes)")
         ax.set_title(f"{key} (sampled, T = 1)")
+        ax.legend(fontsize=7)
+    axes[0].set_xlabel("step")
+    axes[0].set_title("held-out greedy success (200 tasks)")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
