@@ -315,7 +315,10 @@ def test_optional_models_and_offload():
     assert full.device["policy_copy"] == 16 * dims.n_params
     critic_states = sum(model_states(dims.value_model_params(), 0, p=2, zero_stage=1, num_ranks=1)[0].values())
     assert full.device["critic"] == critic_states
-    assert full.device["activations"] > base.device["activations"]  # the policy copy's pass runs in fp32
+    # the policy copy computes as the policy does: its pass costs no more than the policy's
+    assert full.device["activations"] == base.device["activations"] and full.device["logits"] == base.device["logits"]
+    lora_copy = _est(dims, lora_rank=16, with_policy_copy=True)  # ... but it is a full model: no LoRA savings
+    assert lora_copy.device["activations"] > _est(dims, lora_rank=16).device["activations"]
     off = _est(dims, offload_optimizer=True)
     assert off.total_device < base.total_device and off.total_host > base.total_host == 0
     assert base.init_host == 4 * dims.n_params  # every rank loads the policy in fp32 on the host

@@ -238,8 +238,10 @@ def test_the_learner_derives_the_explorer_without_touching_the_policy(tiny_model
 
 def test_the_explorer_computes_at_the_learners_precision_and_recomputes_its_layers(tiny_model_dir):
     """learner.gradient_checkpointing: B's decoder layers run once more per micro-batch (the
-    recompute in backward) and B ends where it would without; learner.autocast=bfloat16: B's
-    matmuls run in bf16 while its weights stay fp32. The learner's part hands both settings to B."""
+    recompute in backward) and B ends where it would without, also when B is restored from a
+    checkpoint; bf16 compute (learner.autocast, else model.dtype): B's matmuls run in bf16, in the
+    derivation and in its log-probs, while its weights stay fp32. The learner's part hands B the
+    learner's compute dtype and checkpointing."""
     from types import SimpleNamespace
 
     from transformers import AutoModelForCausalLM
@@ -250,22 +252,39 @@ def test_the_explorer_computes_at_the_learners_precision_and_recomputes_its_laye
     from agentrl.methods.rspo.explorer import Explorer
     from agentrl.methods.rspo.part import ExplorerPart
 
+    for compute, autocast, ckpt in (("bfloat16", "bfloat16", True), ("bfloat16", None, False), ("float32", None, True)):
+        learner = SimpleNamespace(learner_cfg=LearnerConfig(autocast=autocast, gradient_checkpointing=ckpt),
+                                  compute_dtype=compute, temperature=1.0, loss_cfg=PolicyLossConfig(),
+                                  tied_embeddings=False)
+        part = ExplorerPart(learner, RspoConfig(enabled=True))
+        expected = None if compute == "float32" else compute
+        assert (part.explorer.autocast, part.explorer.gradient_checkpointing) == (expected, ckpt)
+
     policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     batch = explorer_batch(merge_mixed_groups(_mixed()), "process")
     micro_batches = math.ceil(len(batch) / 2)
 
-    def derive(**precision) -> tuple[Explorer, int, set]:
-        explorer = Explorer(lr=1e-2, steps=1, grad_clip=1.0, micro_batch_size=2, temperature=1.0,
-                            loss_cfg=PolicyLossConfig(kl_coef=0.0), tied_embeddings=False, **precision)
-        explorer._build(policy)
-        layers = [m for m in explorer.model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    def explorer(**precision) -> Explorer:
+        return Explorer(lr=1e-2, steps=1, grad_clip=1.0, micro_batch_size=2, temperature=1.0,
+                        loss_cfg=PolicyLossConfig(kl_coef=0.0), tied_embeddings=False, **precision)
+
+    def watch(b: Explorer) -> tuple[list, set]:
+        """Calls of B's first decoder layer, and the dtypes every Linear of B outputs."""
+        layers = [m for m in b.model.modules() if isinstance(m, GradientCheckpointingLayer)]
         calls, dtypes = [0], set()
         # a pre-hook: the recompute in backward stops once it has what backward needs, before a forward hook would run
         layers[0].register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        linear = next(m for m in explorer.model.modules() if isinstance(m, torch.nn.Linear))
-        linear.register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
-        explorer.derive(policy, batch, pad_id=0, device="cpu")  # the derivation and its KL pass
-        return explorer, calls[0], dtypes
+        for m in b.model.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
+        return calls, dtypes
+
+    def derive(**precision) -> tuple[Explorer, int, set]:
+        b = explorer(**precision)
+        b._build(policy)
+        calls, dtypes = watch(b)
+        b.derive(policy, batch, pad_id=0, device="cpu")  # the derivation and its KL pass
+        return b, calls[0], dtypes
 
     plain, plain_calls, plain_dtypes = derive()
     ckpt, ckpt_calls, _ = derive(gradient_checkpointing=True)
@@ -273,6 +292,11 @@ def test_the_explorer_computes_at_the_learners_precision_and_recomputes_its_laye
     a, b = plain.state_dict_for_inference(), ckpt.state_dict_for_inference()
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert plain_dtypes == {torch.float32}
+    restored = explorer(gradient_checkpointing=True)
+    restored.load_state_dict(ckpt.state_dict(), policy)  # a resumed run's B
+    calls, _ = watch(restored)
+    restored.derive(policy, batch, pad_id=0, device="cpu")
+    assert calls[0] == 3 * micro_batches
     try:
         check_autocast_supported("bfloat16", torch.device("cpu"))
     except ValueError as e:
@@ -280,8 +304,6 @@ def test_the_explorer_computes_at_the_learners_precision_and_recomputes_its_laye
     bf16, _, bf16_dtypes = derive(autocast="bfloat16", gradient_checkpointing=True)
     assert bf16_dtypes == {torch.bfloat16}
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
-
-    learner = SimpleNamespace(learner_cfg=LearnerConfig(autocast="bfloat16", gradient_checkpointing=True),
-                              temperature=1.0, loss_cfg=PolicyLossConfig(), tied_embeddings=False)
-    part = ExplorerPart(learner, RspoConfig(enabled=True))
-    assert (part.explorer.autocast, part.explorer.gradient_checkpointing) == ("bfloat16", True)
+    _, dtypes = watch(bf16)
+    lp = bf16.logprobs([batch.input_ids[0]], pad_id=0, device="cpu")[0]
+    assert dtypes == {torch.bfloat16} and len(lp) == len(batch.input_ids[0])

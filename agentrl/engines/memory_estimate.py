@@ -17,7 +17,8 @@ bf16/fp16 2):
 * a PPO critic when the estimator needs one: a second DeepSpeed engine with its own model states
   (the value model = the causal LM without its LM head, plus a [hidden, 1] score head);
 * a policy copy some methods keep (``Method.keeps_policy_copy``): a plain-torch fp32 copy of the
-  policy with its own AdamW, e.g. an exploration policy derived from it;
+  policy with its own AdamW, e.g. an exploration policy derived from it; it computes as the
+  policy does (the same compute dtype and gradient checkpointing, without LoRA);
 * activations of one micro-batch (``decoder_saved_bytes``, ``logits_bytes``).
 
 Model states per rank follow DeepSpeed 0.19's optimizers (read in ``runtime/fp16/unfused_optimizer.py``,
@@ -474,9 +475,8 @@ def estimate_learner_memory(
     logits = [logits_bytes(dims, a, micro_batch_tokens, seq_len)]
     if with_critic:
         acts.append(working(cdims, a, gradient_checkpointing))
-    if with_policy_copy:
-        acts.append(working(dims, 4, False))
-        logits.append(logits_bytes(dims, 4, micro_batch_tokens, seq_len))
+    if with_policy_copy:  # a full model (no LoRA) at the policy's compute dtype and checkpointing
+        acts.append(working(dims, a, gradient_checkpointing))
     device["activations"] = max(acts)
     device["logits"] = max(logits)
     inputs = dict(dtype=dtype, micro_batch_tokens=micro_batch_tokens, seq_len=seq_len, with_reference=with_reference,

@@ -26,8 +26,9 @@ class ExplorerPart:
         self.foreign_is_cap = rspo_cfg.is_cap  # w_t = min(pi_A / pi_B, rspo.is_cap) on B's rows of A's update
         self.explorer = Explorer(rspo_cfg.explorer_lr or lcfg.lr, rspo_cfg.explorer_steps, rspo_cfg.grad_clip,
                                  lcfg.micro_batch_size, learner.temperature, learner.loss_cfg, learner.tied_embeddings,
-                                 kl_every=rspo_cfg.kl_every, autocast=lcfg.autocast,
-                                 gradient_checkpointing=lcfg.gradient_checkpointing)
+                                 kl_every=rspo_cfg.kl_every, gradient_checkpointing=lcfg.gradient_checkpointing,
+                                 # B's weights are fp32 whatever A's are: it matmuls in A's compute dtype
+                                 autocast=None if learner.compute_dtype == "float32" else learner.compute_dtype)
 
     def derive(self, batch: TrainBatch) -> dict[str, float]:
         """Re-derive B from the current A on ``batch`` (process-reward advantages of A's episodes,
