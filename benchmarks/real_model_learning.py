@@ -116,19 +116,27 @@ def plot(summary: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     colors = {arm: f"C{i}" for i, arm in enumerate(summary["arms"])}
+    labelled = set()
     for r in summary["runs"]:
         start = (r["start"] or {"success": summary["start_success"]})["success"]
-        axes[0].plot([0, r["steps"]], [start, r["end"]["success"]], "o-", color=colors[r["arm"]], alpha=0.7,
-                     label=r["run"])
+        marker = "osD^v"[(r["seed"] or 0) % 5]  # one marker per seed, one color per arm
+        axes[0].plot([0, r["steps"]], [start, r["end"]["success"]], f"{marker}-", color=colors[r["arm"]], alpha=0.7,
+                     label=None if r["arm"] in labelled else f"{r['arm']} (marker = seed)")
+        labelled.add(r["arm"])
     for ax, key in zip(axes[1:], CURVE):
         for arm, color in colors.items():
             curves = [r["curve"] for r in summary["runs"] if r["arm"] == arm]
             for c in curves:
                 ax.plot([x["step"] for x in c], [x[key] for x in c], color=color, alpha=0.25, linewidth=0.8)
-            steps = sorted({x["step"] for c in curves for x in c})
-            mean = [statistics.mean(x[key] for c in curves for x in c if x["step"] == s and x[key] is not None)
-                    for s in steps]
-            ax.plot(steps, mean, color=color, linewidth=2.2, label=f"{arm} (mean of {len(curves)})")
+            # the mean over the seeds that logged the step (a stopped run's steps are fewer)
+            by_step: dict[int, list[float]] = {}
+            for c in curves:
+                for x in c:
+                    if x[key] is not None:
+                        by_step.setdefault(x["step"], []).append(x[key])
+            steps = sorted(by_step)
+            ax.plot(steps, [statistics.mean(by_step[s]) for s in steps], color=color, linewidth=2.2,
+                    label=f"{arm} (mean of {len(curves)} seeds)")
         ax.set_xlabel("step (32 episodes)")
         ax.set_title(f"{key} (sampled, T = 1)")
         ax.legend(fontsize=7)
