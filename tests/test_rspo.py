@@ -48,6 +48,23 @@ def test_merge_puts_both_parts_of_a_task_in_one_group_policy_first():
         merge_mixed_groups(_mixed() + [other])
 
 
+def test_an_explorer_part_without_its_policy_part_is_left_out():
+    """A task whose policy part was lost (quarantined after its worker died twice) leaves B's part
+    alone: the method drops it (counted) instead of training A on a baseline of B's episodes only."""
+    from agentrl.config import Config
+    from agentrl.config.schema import RspoConfig
+    from agentrl.methods.rspo import RspoMethod
+
+    lone = EpisodeGroup("u", "u@v0#1/explorer", 0, [_episode(1.0, 0.9, EXPLORER), _episode(0.0, 0.2, EXPLORER)],
+                        policy=EXPLORER, mix_key="1/0")
+    method = RspoMethod(Config(algo=_algo(), rspo=RspoConfig(enabled=True)))
+    groups, metrics = method.regroup([*_mixed(), lone])
+    assert [g.task_id for g in groups] == ["t"] and len(groups[0].episodes) == 4
+    assert metrics["rspo/explorer_only_groups_dropped"] == 1.0
+    assert metrics["rspo/explorer_success_share"] == pytest.approx(0.5)  # the kept group's: 1 of its 2 successes
+    assert method.regroup(_mixed())[1]["rspo/explorer_only_groups_dropped"] == 0.0
+
+
 def test_mixed_group_advantages_with_swapped_rewards_by_hand():
     """GRPO over the union on the outcome: r = (1, 0, 0, 1), mean 1/2, unbiased std sqrt(1/3):
     A = +-(1/2) / sqrt(1/3) = +-0.8660 on every policy token, the explorer's row flagged."""

@@ -5,7 +5,8 @@ Where it plugs in (``agentrl/methods/base.py``):
 
 * ``rollout_roles``: B's engines (``rspo.explorer_workers``), G_B of every group's episodes;
 * ``regroup``: the policy's and the explorer's parts of a task's group become one group
-  (``groups.merge_mixed_groups``), with per-policy success metrics;
+  (``groups.merge_mixed_groups``), with per-policy success metrics; an explorer part whose
+  policy part was lost (a quarantined task) is left out;
 * ``trained_groups``: A's update reads the outcome side only (``groups.policy_rewards``);
 * ``after_update``: every ``rspo.refresh_every`` steps, B is re-derived from the updated A on
   the process-reward batch of A's episodes (``groups.explorer_batch``);
@@ -54,7 +55,11 @@ class RspoMethod(Method):
 
     def regroup(self, groups: list[EpisodeGroup]) -> tuple[list[EpisodeGroup], dict[str, float]]:
         merged = merge_mixed_groups(groups)
-        return merged, success_shares(merged)
+        # Every task gets both parts; the policy's is missing only after a failure (the task was
+        # quarantined: its rollout worker died with it twice). B's part alone has no episode of A
+        # in its baseline, which RSPO's group advantage is defined over: it is left out.
+        kept = [g for g in merged if any(e.policy != EXPLORER for e in g.episodes)]
+        return kept, {**success_shares(kept), "rspo/explorer_only_groups_dropped": float(len(merged) - len(kept))}
 
     def trained_groups(self, groups: list[EpisodeGroup]) -> list[EpisodeGroup]:
         r = self.cfg.rspo
