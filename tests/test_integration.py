@@ -379,6 +379,7 @@ def test_a_killed_rollout_worker_tool_actor_or_engine_costs_no_group(tiny_model_
     import ray
 
     from agentrl.driver import trainer as driver
+    from agentrl.driver.run import train
     from agentrl.telemetry.trajectories import read_trajectories
 
     launch, learn = driver.Trainer._launch_rollouts, driver.Trainer._learn
@@ -425,7 +426,7 @@ def test_a_killed_rollout_worker_tool_actor_or_engine_costs_no_group(tiny_model_
     # reaches its environment again after opening its session: nothing to lose)
     cfg = _config(tiny_model_dir, tmp_path, "tools.placement=pool", "tools.num_actors=1", "train.eval_at_start=false",
                   "train.eval_at_end=false", "telemetry.trace=false", "rollout.max_new_tokens=160", "train.steps=4")
-    assert driver.train(cfg, config_path=None) == {}
+    assert train(cfg, config_path=None) == {}
     run_dir = next((tmp_path / "runs").iterdir())
     steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in steps] == [1, 2, 3, 4]
