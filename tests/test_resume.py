@@ -507,7 +507,7 @@ def test_async_rods_run_resumed_from_a_checkpoint_continues_bit_for_bit(tiny_mod
     scheduler = ckpt.part_state(SCHEDULER_PART)  # the version due and step 3's rollouts, launched ahead
     assert ckpt.step == 2 and scheduler["due"] == 2 and [a["step"] for a in scheduler["ahead"]] == [3]
     reopen_run_dir(ckpt, cfg)
-    b = Trainer(cfg, run, load_task_sources(cfg, ckpt), resume=ckpt)
+    b = Trainer(cfg, run, load_task_sources(cfg, resuming=True), resume=ckpt)
     try:
         m_b, digest_b, next_b = go_on(b, 3)
     finally:
