@@ -24,6 +24,10 @@ from pathlib import Path
 KEPT = ("config.yaml", "metrics.jsonl", "evals.json", "resumes.jsonl")
 PHASES = ("time/generate", "time/learn", "time/sync", "time/step")
 CURVE = ("train/success", "train/progress")
+# RSPO's measures over a run: who found the successes, how far the explorer drifted, and each
+# policy's process score (a run without rspo.enabled logs none of them)
+RSPO = ("rspo/explorer_success_share", "rspo/kl_policy_explorer", "rspo/policy_process", "rspo/explorer_process",
+        "rspo/policy_success", "rspo/explorer_success")
 
 
 def copy_run(run: Path, out: Path) -> Path:
@@ -52,7 +56,14 @@ def read_run(folder: Path) -> dict:
         "seconds_per_step": {p: statistics.mean(r[p] for r in steps if p in r) for p in PHASES
                              if any(p in r for r in steps)},
         "curve": [{k: r.get(k) for k in ("step", *CURVE)} for r in steps],
+        "rspo": {k: _over_run([r[k] for r in steps if r.get(k) is not None]) for k in RSPO
+                 if any(r.get(k) is not None for r in steps)},
     }
+
+
+def _over_run(xs: list[float]) -> dict:
+    """A measure over the steps that logged it: mean, min, max, and the values in step order."""
+    return {"mean": statistics.mean(xs), "min": min(xs), "max": max(xs), "steps": len(xs), "values": xs}
 
 
 def _mean_se(xs: list[float]) -> tuple[float, float]:
@@ -102,6 +113,14 @@ def table(summary: dict, base: str | None) -> str:
         d = a.get(f"{base}_minus_this")
         vs = f"{d['mean']:+.3f} ± {d['se']:.3f} ({len(d['by_seed'])} pairs)" if d else "-"
         lines.append(f"| {arm} | {a['seeds']} | {a['gain_mean']:+.3f} ± {a['gain_se']:.3f} | {vs} |")
+    rspo_runs = [r for r in summary["runs"] if r.get("rspo")]
+    if rspo_runs:
+        lines += ["", "RSPO over the run (mean [min, max] over the steps that logged it)", "",
+                  "| run | " + " | ".join(k.removeprefix("rspo/") for k in RSPO) + " |", "|---" * (len(RSPO) + 1) + "|"]
+        for r in rspo_runs:
+            cells = [(f"{m['mean']:.3f} [{m['min']:.3f}, {m['max']:.3f}]" if (m := r["rspo"].get(k)) else "-")
+                     for k in RSPO]
+            lines.append(f"| {r['run']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

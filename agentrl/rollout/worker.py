@@ -118,7 +118,7 @@ def eval_row(ep: Episode, task: Task, sample: int) -> dict:
         "outcome": ep.rewards["outcome"], "progress": ep.rewards["progress"],
         "turn_passed": ep.turn_passed, "n_turns": ep.n_turns, "calls": ep.n_call_blocks, "valid_calls": ep.n_valid_calls,
         "redundant_calls": redundant_calls(ep.calls), "termination": ep.termination, "policy_tokens": ep.n_policy_tokens,
-        # SLCA's summary-side measures: an answer without a needed call, the rule score of the answers
+        # the answer side of the episode: an answer without a needed call, the rule score of the answers
         "omission": None if scored_by_function else ep.rewards.get("omission", 0.0),
         "summary_score": ep.rewards.get("summary_score") if has_facts else None,
         "behaviours": episode_behaviours(task, ep),
