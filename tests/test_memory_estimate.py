@@ -317,6 +317,16 @@ def test_optional_models_and_offload():
     assert full.device["critic"] == critic_states
     # the policy copy computes as the policy does: its pass costs no more than the policy's
     assert full.device["activations"] == base.device["activations"] and full.device["logits"] == base.device["logits"]
+    # ... at the policy's compute dtype and checkpointing also when the weights are fp32 (bf16 autocast)
+    mixed = dict(dtype="float32", autocast="bfloat16", gradient_checkpointing=True)
+    mixed_copy, mixed_base = _est(dims, with_policy_copy=True, **mixed), _est(dims, **mixed)
+    assert mixed_copy.device["activations"] == mixed_base.device["activations"]
+    assert mixed_copy.device["logits"] == mixed_base.device["logits"]
+    assert mixed_copy.device["activations"] < _est(dims, dtype="float32", with_policy_copy=True).device["activations"] / 4
+    # fp16 compute leaves the copy in fp32 (it has no loss scaler): its pass costs more than the policy's
+    fp16_copy, fp16_base = _est(dims, dtype="float16", with_policy_copy=True), _est(dims, dtype="float16")
+    assert fp16_copy.device["activations"] > fp16_base.device["activations"]
+    assert fp16_copy.device["logits"] > fp16_base.device["logits"]
     lora_copy = _est(dims, lora_rank=16, with_policy_copy=True)  # ... but it is a full model: no LoRA savings
     assert lora_copy.device["activations"] > _est(dims, lora_rank=16).device["activations"]
     off = _est(dims, offload_optimizer=True)

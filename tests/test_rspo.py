@@ -49,8 +49,10 @@ def test_merge_puts_both_parts_of_a_task_in_one_group_policy_first():
 
 
 def test_an_explorer_part_without_its_policy_part_is_left_out():
-    """A task whose policy part was lost (quarantined after its worker died twice) leaves B's part
-    alone: the method drops it (counted) instead of training A on a baseline of B's episodes only."""
+    """A task whose policy part was lost (quarantined after its worker died twice, or every one of
+    A's episodes failed its environment) leaves B's part alone: the method drops it (counted)
+    instead of training A on a baseline of B's episodes only. The converse, A's part without B's,
+    is kept: A's update needs no episode of B."""
     from agentrl.config import Config
     from agentrl.config.schema import RspoConfig
     from agentrl.methods.rspo import RspoMethod
@@ -58,10 +60,11 @@ def test_an_explorer_part_without_its_policy_part_is_left_out():
     lone = EpisodeGroup("u", "u@v0#1/explorer", 0, [_episode(1.0, 0.9, EXPLORER), _episode(0.0, 0.2, EXPLORER)],
                         policy=EXPLORER, mix_key="1/0")
     method = RspoMethod(Config(algo=_algo(), rspo=RspoConfig(enabled=True)))
-    groups, metrics = method.regroup([*_mixed(), lone])
-    assert [g.task_id for g in groups] == ["t"] and len(groups[0].episodes) == 4
+    policy_only = EpisodeGroup("w", "w@v0#0", 0, [_episode(1.0, 0.9), _episode(0.0, 0.2)], mix_key="2/0")
+    groups, metrics = method.regroup([*_mixed(), lone, policy_only])
+    assert [g.task_id for g in groups] == ["t", "w"] and [len(g.episodes) for g in groups] == [4, 2]
     assert metrics["rspo/explorer_only_groups_dropped"] == 1.0
-    assert metrics["rspo/explorer_success_share"] == pytest.approx(0.5)  # the kept group's: 1 of its 2 successes
+    assert metrics["rspo/explorer_success_share"] == pytest.approx(1 / 3)  # the kept groups': 1 of their 3 successes
     assert method.regroup(_mixed())[1]["rspo/explorer_only_groups_dropped"] == 0.0
 
 
@@ -255,10 +258,11 @@ def test_the_learner_derives_the_explorer_without_touching_the_policy(tiny_model
 
 def test_the_explorer_computes_at_the_learners_precision_and_recomputes_its_layers(tiny_model_dir):
     """learner.gradient_checkpointing: B's decoder layers run once more per micro-batch (the
-    recompute in backward) and B ends where it would without, also when B is restored from a
-    checkpoint; bf16 compute (learner.autocast, else model.dtype): B's matmuls run in bf16, in the
-    derivation and in its log-probs, while its weights stay fp32. The learner's part hands B the
-    learner's compute dtype and checkpointing."""
+    recompute in backward), also when B is restored from a checkpoint, and B ends where it would
+    without; bf16 compute (learner.autocast, else model.dtype): B's decoder matmuls run in bf16, in
+    the derivation and in its log-probs, while its weights stay fp32. The learner's part hands B
+    the learner's checkpointing and its compute dtype when that is bf16; fp16 (an fp16 model.dtype)
+    leaves B in fp32, which has no loss scaler for fp16's range."""
     from types import SimpleNamespace
 
     from transformers import AutoModelForCausalLM
@@ -269,12 +273,12 @@ def test_the_explorer_computes_at_the_learners_precision_and_recomputes_its_laye
     from agentrl.methods.rspo.explorer import Explorer
     from agentrl.methods.rspo.part import ExplorerPart
 
-    for compute, autocast, ckpt in (("bfloat16", "bfloat16", True), ("bfloat16", None, False), ("float32", None, True)):
+    for compute, autocast, ckpt, expected in (("bfloat16", "bfloat16", True, "bfloat16"), ("bfloat16", None, False, "bfloat16"),
+                                              ("float32", None, True, None), ("float16", None, False, None)):
         learner = SimpleNamespace(learner_cfg=LearnerConfig(autocast=autocast, gradient_checkpointing=ckpt),
                                   compute_dtype=compute, temperature=1.0, loss_cfg=PolicyLossConfig(),
                                   tied_embeddings=False)
         part = ExplorerPart(learner, RspoConfig(enabled=True))
-        expected = None if compute == "float32" else compute
         assert (part.explorer.autocast, part.explorer.gradient_checkpointing) == (expected, ckpt)
 
     policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -286,7 +290,8 @@ def test_the_explorer_computes_at_the_learners_precision_and_recomputes_its_laye
                         loss_cfg=PolicyLossConfig(kl_coef=0.0), tied_embeddings=False, **precision)
 
     def watch(b: Explorer) -> tuple[list, set]:
-        """Calls of B's first decoder layer, and the dtypes every Linear of B outputs."""
+        """Calls of B's first decoder layer, and the dtypes B's decoder Linears output (the
+        vocabulary head runs through the fused log-prob head, not its module's forward)."""
         layers = [m for m in b.model.modules() if isinstance(m, GradientCheckpointingLayer)]
         calls, dtypes = [0], set()
         # a pre-hook: the recompute in backward stops once it has what backward needs, before a forward hook would run

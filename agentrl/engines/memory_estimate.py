@@ -18,7 +18,8 @@ bf16/fp16 2):
   (the value model = the causal LM without its LM head, plus a [hidden, 1] score head);
 * a policy copy some methods keep (``Method.keeps_policy_copy``): a plain-torch fp32 copy of the
   policy with its own AdamW, e.g. an exploration policy derived from it; it computes as the
-  policy does (the same compute dtype and gradient checkpointing, without LoRA);
+  policy does (its gradient checkpointing, without LoRA; bf16 when the policy computes in bf16,
+  else fp32);
 * activations of one micro-batch (``decoder_saved_bytes``, ``logits_bytes``).
 
 Model states per rank follow DeepSpeed 0.19's optimizers (read in ``runtime/fp16/unfused_optimizer.py``,
@@ -424,13 +425,15 @@ def estimate_learner_memory(
     * ``policy_copy``: 16 x n_params: fp32 weights (kept between its updates) + fp32 gradients +
       AdamW moments while it is updated (freed after; counted as if concurrent, conservatively);
     * ``activations``: the largest ``decoder_saved_bytes`` of the phases that run a backward
-      (the policy in dtype p; the critic in p; the policy copy in fp32 without checkpointing), plus
+      (the policy and the critic in the compute dtype; the policy copy, a full model even with LoRA,
+      in bf16 when that is the compute dtype, else fp32, with the learner's checkpointing), plus
       the decoder output and its gradient, 2 p h per token, and with checkpointing the layer being
       recomputed, one layer's saved tensors. A layer's backward briefly adds gradients of about
       0.6 of its saved tensors (measured on CPU); not added, as it does not coexist with the LM
       head's backward (which runs first, with every saved tensor alive) and is smaller than the
       logits chunk for these vocabularies;
-    * ``logits``: the larger ``logits_bytes`` chunk of the policy (p) and the policy copy (fp32).
+    * ``logits``: the larger ``logits_bytes`` chunk of the policy and the policy copy, each in its
+      compute dtype.
     """
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
@@ -475,8 +478,10 @@ def estimate_learner_memory(
     logits = [logits_bytes(dims, a, micro_batch_tokens, seq_len)]
     if with_critic:
         acts.append(working(cdims, a, gradient_checkpointing))
-    if with_policy_copy:  # a full model (no LoRA) at the policy's compute dtype and checkpointing
-        acts.append(working(dims, a, gradient_checkpointing))
+    if with_policy_copy:  # a full model (no LoRA) at the policy's checkpointing; fp16 compute leaves it fp32
+        copy_q = DTYPE_BYTES["bfloat16"] if (autocast or dtype) == "bfloat16" else 4
+        acts.append(working(dims, copy_q, gradient_checkpointing))
+        logits.append(logits_bytes(dims, copy_q, micro_batch_tokens, seq_len))
     device["activations"] = max(acts)
     device["logits"] = max(logits)
     inputs = dict(dtype=dtype, micro_batch_tokens=micro_batch_tokens, seq_len=seq_len, with_reference=with_reference,

@@ -56,8 +56,9 @@ class RspoMethod(Method):
     def regroup(self, groups: list[EpisodeGroup]) -> tuple[list[EpisodeGroup], dict[str, float]]:
         merged = merge_mixed_groups(groups)
         # Every task gets both parts; the policy's is missing only after a failure (the task was
-        # quarantined: its rollout worker died with it twice). B's part alone has no episode of A
-        # in its baseline, which RSPO's group advantage is defined over: it is left out.
+        # quarantined: its rollout worker died with it twice; or every one of A's episodes failed
+        # its environment after the retries). B's part alone has no episode of A in its baseline,
+        # which RSPO's group advantage is defined over: it is left out.
         kept = [g for g in merged if any(e.policy != EXPLORER for e in g.episodes)]
         return kept, {**success_shares(kept), "rspo/explorer_only_groups_dropped": float(len(merged) - len(kept))}
 

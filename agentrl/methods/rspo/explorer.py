@@ -48,7 +48,7 @@ class Explorer:
                  loss_cfg: PolicyLossConfig, tied_embeddings: bool, kl_every: int = 1, autocast: str | None = None,
                  gradient_checkpointing: bool = False):
         self.lr, self.steps, self.grad_clip, self.kl_every = lr, steps, grad_clip, kl_every
-        # learner.autocast and learner.gradient_checkpointing: B computes as A does
+        # the learner's bf16 compute dtype (ExplorerPart) and learner.gradient_checkpointing: B computes as A does
         self.autocast, self.gradient_checkpointing = autocast, gradient_checkpointing
         self.micro_batch_size, self.temperature = micro_batch_size, temperature
         self.loss_cfg, self.tied_embeddings = loss_cfg, tied_embeddings

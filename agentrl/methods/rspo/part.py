@@ -27,8 +27,7 @@ class ExplorerPart:
         self.explorer = Explorer(rspo_cfg.explorer_lr or lcfg.lr, rspo_cfg.explorer_steps, rspo_cfg.grad_clip,
                                  lcfg.micro_batch_size, learner.temperature, learner.loss_cfg, learner.tied_embeddings,
                                  kl_every=rspo_cfg.kl_every, gradient_checkpointing=lcfg.gradient_checkpointing,
-                                 # B's weights are fp32 whatever A's are: it matmuls in A's compute dtype
-                                 autocast=None if learner.compute_dtype == "float32" else learner.compute_dtype)
+                                 autocast=_explorer_autocast(learner.compute_dtype))
 
     def derive(self, batch: TrainBatch) -> dict[str, float]:
         """Re-derive B from the current A on ``batch`` (process-reward advantages of A's episodes,
@@ -52,6 +51,13 @@ class ExplorerPart:
 
     def load_state_dict(self, state: dict) -> None:
         self.explorer.load_state_dict(state, self.learner.hf_model)  # A gives B's architecture
+
+
+def _explorer_autocast(compute_dtype: str) -> str | None:
+    """B's weights are fp32 whatever A's are; it matmuls in A's compute dtype under autocast when
+    that is bfloat16. Not float16: A's fp16 engine scales its loss, B's plain AdamW has no scaler,
+    and B's per-token gradients (advantage / the batch's token count) would underflow fp16."""
+    return "bfloat16" if compute_dtype == "bfloat16" else None
 
 
 __all__ = ["ExplorerPart"]
