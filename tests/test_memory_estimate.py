@@ -186,6 +186,33 @@ def test_invalid_combinations():
         estimate_learner_memory(ModelDims.from_hf_config(PUBLIC["Qwen2.5-0.5B"][0]), dtype="int8", micro_batch_tokens=8)
 
 
+def test_the_gpu_sizing_table_is_the_estimate():
+    """docs/gpu.md's "Sizing the learner" table, row by row, is what the estimate gives for its
+    stated settings (bf16, ZeRO-3, the reference, one packed 16k-token micro-batch,
+    flash_attention_2): a change to the estimate that leaves the table stale fails here."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "gpu.md").read_text(encoding="utf-8")
+    num = r" \| ([\d.]+)"
+    rows = re.findall(r"^\| ((?:Qwen3|Llama)[^|]+) \| (\d+) \| ([^|]+)" + 5 * num + r" \|$", doc, flags=re.M)
+    assert len(rows) == 13
+    gib = 1024**3
+    for name, ranks, levers, states, ref, acts, total, host in rows:
+        lora = re.search(r"model\.lora\.rank=(\d+)", levers)
+        e = estimate_learner_memory(ModelDims.from_hf_config(PUBLIC[name][0]), dtype="bfloat16", zero_stage=3,
+                                    num_ranks=int(ranks), micro_batch_tokens=16384, seq_len=16384, with_reference=True,
+                                    gradient_checkpointing="gradient_checkpointing" in levers,
+                                    offload_optimizer="offload_optimizer" in levers,
+                                    lora_rank=int(lora[1]) if lora else 0, attn_implementation="flash_attention_2")
+        d = e.device
+        model_states_gib = sum(v for k, v in d.items() if k not in ("reference", "activations", "logits")) / gib
+        got = (model_states_gib, d.get("reference", 0) / gib, (d["activations"] + d["logits"]) / gib,
+               e.total_device / gib, e.total_host / gib)
+        want = tuple(float(x) for x in (states, ref, acts, total, host))
+        assert all(abs(g - w) <= 0.051 for g, w in zip(got, want)), (name, ranks, levers, want, [round(g, 1) for g in got])
+
+
 # ---------------------------------------------------------------------------- DeepSpeed's estimator
 @pytest.mark.parametrize("name", ["Qwen2.5-0.5B", "Qwen3-4B", "Llama-3.1-8B", "Llama-3.1-70B"])
 def test_zero3_model_states_match_deepspeeds_estimator(name):
