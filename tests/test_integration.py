@@ -273,7 +273,8 @@ def test_bf16_engine_takes_the_learners_weights(tiny_model_dir, ray_cluster, tmp
     fp32 weights at every sync (on CPUs with AMX vLLM would pack small bf16 weights into its own
     kernel format and empty their parameters, so the first sync failed), and afterwards its
     sampled-token logprobs agree with the learner's within bf16's rounding, far closer than before
-    the sync."""
+    the sync. The learner publishes the weights in bf16 already (the same rounding as the
+    engine's own cast on load, in half the bytes)."""
     import ray
 
     from agentrl.envs.builtin.generator import builtin_split
@@ -306,6 +307,11 @@ def test_bf16_engine_takes_the_learners_weights(tiny_model_dir, ray_cluster, tmp
     fresh = mean_gap(ray.get(worker.sample_one.remote(task, 123)))
     assert before < 0.05 and fresh < 0.05, (before, fresh)
     assert stale > 4 * fresh, (stale, fresh)
+    import torch
+    from safetensors.torch import load
+
+    blob = ray.get(ray.get(learner.publish_weights.remote())[0])  # cast to the engines' dtype, half the bytes
+    assert {t.dtype for t in load(blob).values()} == {torch.bfloat16}
     ray.kill(learner)
     ray.get(worker.shutdown.remote())
 

@@ -209,6 +209,28 @@ def test_weights_blob_round_trip(learner, model_dir, batch):
         torch.testing.assert_close(torch.tensor(lp), expect[i, : len(lp)], atol=1e-5, rtol=0)
 
 
+def test_the_weights_blob_is_in_the_engines_dtype(learner, monkeypatch):
+    """bf16 engines (rollout.engine.dtype) get bf16 weights: the blob every engine process holds a
+    copy of is half the size, and each weight is what the engine's own cast on load would give
+    (copy_ into its bf16 parameter); non-float tensors keep their dtype."""
+    from safetensors.torch import load
+
+    from agentrl.weight_sync.object_store import weights_to_blob
+
+    fp32 = learner.state_dict_for_inference()
+    monkeypatch.setattr(learner, "sampler_dtype", "bfloat16")
+    bf16 = load(learner.weights_blob())
+    assert set(bf16) == set(fp32) and all(t.dtype == torch.bfloat16 for t in bf16.values())
+    for k, t in fp32.items():
+        engine_param = torch.empty_like(t, dtype=torch.bfloat16)
+        engine_param.copy_(t)  # what vLLM's weight loaders do with an fp32 checkpoint tensor
+        assert torch.equal(bf16[k], engine_param), k
+    assert len(learner.weights_blob()) < 0.55 * len(weights_to_blob(fp32))
+    mixed = load(weights_to_blob({"w": torch.ones(2), "ids": torch.arange(3)}, "bfloat16"))
+    assert mixed["w"].dtype == torch.bfloat16 and mixed["ids"].dtype == torch.int64
+    assert load(weights_to_blob({"w": torch.ones(2)}))["w"].dtype == torch.float32  # None: as it is
+
+
 def test_ppo_epochs_bf16_and_save(model_dir, batch, tmp_path):
     """Two PPO epochs (pre-computed old logprobs, ratio moves off 1), bf16 weights, save.
 

@@ -471,8 +471,9 @@ class DeepSpeedLearner:
         return dict(self.inference_weights())
 
     def weights_blob(self) -> bytes:
-        """``state_dict_for_inference`` as the object-store sync's safetensors blob."""
-        return weights_to_blob(self.state_dict_for_inference())
+        """``state_dict_for_inference`` as the object-store sync's safetensors blob, in the
+        engines' dtype (``sampler_dtype``; ``weights_to_blob``)."""
+        return weights_to_blob(self.state_dict_for_inference(), self.sampler_dtype)
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> None:
         """HF folder (config + safetensors weights) of the current policy; the caller copies the

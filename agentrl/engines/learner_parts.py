@@ -26,7 +26,7 @@ class LearnerPart(Protocol):
         """Changes whenever its weights change; 0 while the engines hold their initial weights."""
 
     def weights_blob(self) -> bytes:
-        """Its weights as the object-store sync's safetensors blob."""
+        """Its weights as the object-store sync's safetensors blob, in its engines' dtype."""
 
     def logprobs(self, input_ids: list[list[int]]) -> list[list[float]]:
         """Token log-probs under it (the agreement check of its engines)."""

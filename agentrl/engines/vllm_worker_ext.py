@@ -13,6 +13,8 @@ After that, engine and learner logprobs agree to ~1e-6. GPU builds are unaffecte
 
 from __future__ import annotations
 
+from agentrl.common.process_memory import return_freed_memory
+
 try:  # Only the CPU build has (and pre-packs with) oneDNN.
     from vllm.platforms import current_platform
 
@@ -38,4 +40,7 @@ class AgentRLWorkerExtension:
 
         state = blob_to_state_dict(blob)
         self.model_runner.model.load_weights(weights=list(state.items()))
-        return len(state)
+        n = len(state)
+        del state, blob
+        return_freed_memory()  # else this process keeps a blob's worth more after every sync
+        return n

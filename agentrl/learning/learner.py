@@ -16,6 +16,7 @@ import ray
 
 from agentrl.api import EpisodeGroup, GroupRef
 from agentrl.common.plugins import load_plugins
+from agentrl.common.process_memory import return_freed_memory
 from agentrl.config import Config
 from agentrl.config.process_env import set_default_env
 from agentrl.learning.step import prepare_step
@@ -130,7 +131,9 @@ class LearnerActor:
         if done == 0 or (done == self._published.get(role) and not again):
             return None
         self._published[role] = done
-        return [ray.put(part.weights_blob())]
+        ref = ray.put(part.weights_blob())
+        return_freed_memory()  # the state dict and blob just built: the object store holds the copy now
+        return [ref]
 
     @group_call(RANK0)
     def role_logprobs(self, role: str, input_ids: list[list[int]]) -> list[list[float]]:
@@ -162,7 +165,9 @@ class LearnerActor:
         if self.rank != 0:
             self.gather_weights()
             return None
-        return [ray.put(self.learner.weights_blob())]
+        ref = ray.put(self.learner.weights_blob())
+        return_freed_memory()
+        return [ref]
 
     def gather_weights(self) -> None:
         """Ranks > 0: walk the weights in step with rank 0's gathers (ZeRO-3; else nothing to do)."""

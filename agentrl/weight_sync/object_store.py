@@ -12,12 +12,24 @@ from torch import Tensor
 from agentrl.api import POLICY
 
 
-def weights_to_blob(state_dict: dict[str, Tensor]) -> bytes:
-    """Safetensors bytes of ``state_dict``. Tensors are cloned into independent storage first, so
-    shared storage (tied weights, views) cannot trip safetensors' aliasing check."""
+def weights_to_blob(state_dict: dict[str, Tensor], dtype: str | None = None) -> bytes:
+    """Safetensors bytes of ``state_dict``, its floating-point tensors in ``dtype`` (the engines'
+    weight dtype; None: as they are). The engines would cast on load anyway (the same
+    round-to-nearest-even), so casting here changes no weight, and the blob, which every engine
+    process on the way holds a copy of, shrinks: half the bytes for fp32 weights and bf16 engines.
+    Tensors get independent storage, so shared storage (tied weights, views) cannot trip
+    safetensors' aliasing check."""
+    import torch
     from safetensors.torch import save
 
-    return save({k: v.clone() for k, v in state_dict.items()})
+    target = getattr(torch, dtype) if dtype else None
+
+    def own(v: Tensor) -> Tensor:
+        if target is not None and v.is_floating_point() and v.dtype != target:
+            return v.to(target)  # a new tensor: its own storage
+        return v.clone()
+
+    return save({k: own(v) for k, v in state_dict.items()})
 
 
 def blob_to_state_dict(blob: bytes) -> dict[str, Tensor]:

@@ -38,8 +38,8 @@ class ExplorerPart:
     def weights_version(self) -> int:
         return self.explorer.derivations  # 0: B is still the initial policy its engines loaded at start
 
-    def weights_blob(self) -> bytes:
-        return weights_to_blob(self.explorer.state_dict_for_inference())
+    def weights_blob(self) -> bytes:  # B's engines run at the policy's engines' dtype
+        return weights_to_blob(self.explorer.state_dict_for_inference(), self.learner.sampler_dtype)
 
     def logprobs(self, input_ids: list[list[int]]) -> list[list[float]]:
         if self.explorer.model is None:
