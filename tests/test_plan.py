@@ -188,6 +188,26 @@ def test_learner_memory_and_kv_cache(qwen3_4b):
     assert any("of host memory" in x for x in r.reasons), r.reasons  # learner on CPU + CPU engine > 2 GiB
 
 
+def test_cpu_engines_count_their_processes_against_rays_memory_monitor():
+    """Each CPU engine needs its KV cache, its weights in rollout.engine.dtype and its processes
+    (CPU_ENGINE_PROCESSES_GIB); the limit is the share of the host above which Ray's memory monitor
+    kills workers, not the whole host (an RSPO run that plan called OK at 11.5 of 23.5 GiB had
+    rollout workers killed at every weight sync)."""
+    from agentrl.planning.plan import CPU_ENGINE_PROCESSES_GIB, RAY_MEMORY_USAGE_THRESHOLD
+
+    def need(r) -> float:
+        line = next(x for x in r.host_lines if x.startswith("host memory of"))
+        return float(re.search(r": ([\d.]+) GiB for its", line)[1])
+
+    one, two = (plan([f"rollout.num_workers={n}", "rollout.engine.kv_cache_gib=1"], shape="nodes=1,cpus_per_node=8,host_gib=64",
+                     model_config=TINY) for n in (1, 2))
+    assert two.ok and need(two) - need(one) == pytest.approx(1 + CPU_ENGINE_PROCESSES_GIB, abs=0.1)  # TINY's weights ~0
+    assert f"{RAY_MEMORY_USAGE_THRESHOLD:g} x 64.0" in one.render()
+    host = need(one) / ((1 + RAY_MEMORY_USAGE_THRESHOLD) / 2)  # the need lies between the limit and the whole host
+    r = plan(["rollout.engine.kv_cache_gib=1"], shape=f"nodes=1,cpus_per_node=8,host_gib={host:.2f}", model_config=TINY)
+    assert any("Ray's memory monitor" in x for x in r.reasons), r.render()
+
+
 def test_a_shared_gpu_must_hold_both(qwen3_4b):
     share = ["runtime.rollout_worker_gpus=0.5", "runtime.learner_gpus=0.5"]
     r = plan(share, shape="nodes=1,gpus_per_node=1,cpus_per_node=8,gpu_gib=16", model_config=TINY)

