@@ -91,6 +91,8 @@ def test_rollout_roles_are_checked(scratch):
         RolloutRole("policy", 1, "x.workers", 1)
     with pytest.raises(ValueError, match="at least one worker"):
         RolloutRole("scout", 0, "x.workers", 1)
+    with pytest.raises(ValueError, match="may not set dtype"):
+        RolloutRole("scout", 1, "x.workers", 1, engine_update={"dtype": "float32"})
 
     def with_role(name: str):
         role = RolloutRole("scout", 1, f"{name}.workers", 1)

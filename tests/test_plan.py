@@ -188,11 +188,12 @@ def test_learner_memory_and_kv_cache(qwen3_4b):
     assert any("of host memory" in x for x in r.reasons), r.reasons  # learner on CPU + CPU engine > 2 GiB
 
 
-def test_cpu_engines_count_their_processes_against_rays_memory_monitor():
+def test_cpu_engines_count_their_processes_against_rays_memory_monitor(qwen3_4b):
     """Each CPU engine needs its KV cache, its weights in rollout.engine.dtype and its processes
     (CPU_ENGINE_PROCESSES_GIB); the limit is the share of the host above which Ray's memory monitor
     kills workers, not the whole host (an RSPO run that plan called OK at 11.5 of 23.5 GiB had
     rollout workers killed at every weight sync)."""
+    from agentrl.engines.memory_estimate import ModelDims
     from agentrl.planning.plan import CPU_ENGINE_PROCESSES_GIB, RAY_MEMORY_USAGE_THRESHOLD
 
     def need(r) -> float:
@@ -206,6 +207,13 @@ def test_cpu_engines_count_their_processes_against_rays_memory_monitor():
     host = need(one) / ((1 + RAY_MEMORY_USAGE_THRESHOLD) / 2)  # the need lies between the limit and the whole host
     r = plan(["rollout.engine.kv_cache_gib=1"], shape=f"nodes=1,cpus_per_node=8,host_gib={host:.2f}", model_config=TINY)
     assert any("Ray's memory monitor" in x for x in r.reasons), r.render()
+    # a CPU engine's weights and KV cache are in the engine's dtype (rollout.engine.dtype), not model.dtype
+    cpu = ["model.dtype=float32", "rollout.engine.kv_cache_gib=4"]
+    fp32, bf16 = (plan([*cpu, *extra], shape="nodes=1,cpus_per_node=8,host_gib=512", model_config=qwen3_4b)
+                  for extra in ([], ["rollout.engine.dtype=bfloat16"]))
+    assert need(fp32) - need(bf16) == pytest.approx(ModelDims.from_pretrained_dir(qwen3_4b).n_params * 2 / 2**30, abs=0.1)
+    tokens = [int(re.search(r"= ([\d,]+) tokens", r.render())[1].replace(",", "")) for r in (fp32, bf16)]
+    assert tokens[1] == pytest.approx(2 * tokens[0], abs=1)
 
 
 def test_a_shared_gpu_must_hold_both(qwen3_4b):

@@ -251,7 +251,14 @@ def test_the_learner_derives_the_explorer_without_touching_the_policy(tiny_model
         lp_b = part.logprobs([groups[0].episodes[0].token_ids])[0]
         lp_a = learner.compute_logprobs([groups[0].episodes[0].token_ids])[0]
         assert max(abs(a - b) for a, b in zip(lp_a[2:], lp_b[2:])) > 1e-4  # B moved away from A
-        assert len(part.weights_blob()) > 0
+        from safetensors.torch import load
+
+        assert {t.dtype for t in load(part.weights_blob()).values()} == {torch.float32}
+        learner.sampler_dtype = "bfloat16"  # B's engines run at the policy's engines' dtype
+        b_bf16 = load(part.weights_blob())
+        assert {t.dtype for t in b_bf16.values()} == {torch.bfloat16}
+        b_fp32 = part.explorer.state_dict_for_inference()
+        assert all(torch.equal(b_bf16[k], v.to(torch.bfloat16)) for k, v in b_fp32.items())
     finally:
         learner.close()
 

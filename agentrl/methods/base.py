@@ -56,6 +56,9 @@ class RolloutRole:
         if self.workers < 1 or self.episodes_per_group < 1:
             raise ValueError(f"rollout role {self.name!r} needs at least one worker and one episode per group, got "
                              f"{self.workers} and {self.episodes_per_group}")
+        if "dtype" in self.engine_update:  # the learner casts every role's weights to the policy engines' dtype
+            raise ValueError(f"rollout role {self.name!r}: engine_update may not set dtype (its engines take weights "
+                             "published in rollout.engine.dtype)")
 
 
 class Method:

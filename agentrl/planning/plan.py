@@ -39,7 +39,10 @@ HEADROOM = 0.9  # share of a device the learner's estimate may fill (MemoryEstim
 CPU_ENGINE_PROCESSES_GIB = 2.0
 # Ray's memory monitor kills workers once a node's memory use passes this share of its memory
 # (RAY_memory_usage_threshold, Ray's default 0.95): the host check's limit, not the whole memory.
-RAY_MEMORY_USAGE_THRESHOLD = float(os.environ.get("RAY_memory_usage_threshold", "0.95"))
+try:
+    RAY_MEMORY_USAGE_THRESHOLD = float(os.environ.get("RAY_memory_usage_threshold", "0.95"))
+except ValueError:  # Ray itself would refuse it at start; the plan keeps Ray's default
+    RAY_MEMORY_USAGE_THRESHOLD = 0.95
 
 
 # ------------------------------------------------------------------------------------------ memory
@@ -85,7 +88,8 @@ def engine_budget(cfg: Config, dims: ModelDims, gpu_gib: float | None) -> Engine
     """The KV-cache budget of a rollout engine: on GPU, gpu_memory_utilization x the GPU's memory
     minus its share of the weights (activation and CUDA-graph memory not counted: vLLM profiles
     them at start); on CPU, ``kv_cache_gib``. None when on GPU and the GPU memory is unknown."""
-    eng, tp, dtype = cfg.rollout.engine, cfg.rollout.engine.tensor_parallel_size, cfg.model.dtype
+    eng, tp = cfg.rollout.engine, cfg.rollout.engine.tensor_parallel_size
+    dtype = eng.dtype or cfg.model.dtype  # the engine's weights and KV cache (VLLMEngine's rule)
     weights = dims.n_params * DTYPE_BYTES[dtype]
     if cfg.runtime.rollout_worker_gpus > 0:
         if gpu_gib is None:
@@ -96,7 +100,6 @@ def engine_budget(cfg: Config, dims: ModelDims, gpu_gib: float | None) -> Engine
         return EngineBudget(True, budget, weights / tp, kv, max(0, int(kv // per_token)), per_token)
     per_token = kv_bytes_per_token(dims, dtype)
     kv = eng.kv_cache_gib * GiB
-    weights = dims.n_params * DTYPE_BYTES[eng.dtype or dtype]  # the engine's weights: rollout.engine.dtype
     return EngineBudget(False, kv, weights, kv, int(kv // per_token), per_token)
 
 
@@ -294,6 +297,7 @@ def _check_memory(report: PlanReport, dims: ModelDims, states: list[NodeState], 
     cfg, cluster = report.cfg, report.cluster
     rt = cfg.runtime
     host_need: Counter = Counter()  # node index -> bytes
+    cpu_engine_nodes: set[int] = set()  # node indices that host a CPU engine
     gpu_demand: dict[str, float] = {}  # role name -> bytes it takes on a GPU it shares
     try:
         est = estimate_for_config(cfg, dims=dims, policy_copy=keeps_policy_copy(cfg))
@@ -360,7 +364,9 @@ def _check_memory(report: PlanReport, dims: ModelDims, states: list[NodeState], 
                     gpu_demand[r.name] = eb.budget
             for k in spots:
                 if k is not None:
-                    host_need[k] += 0 if eb.on_gpu else eb.weights + eb.kv + CPU_ENGINE_PROCESSES_GIB * GiB
+                    if not eb.on_gpu:
+                        host_need[k] += eb.weights + eb.kv + CPU_ENGINE_PROCESSES_GIB * GiB
+                        cpu_engine_nodes.add(k)
 
     for s in states:  # fractional requests sharing one GPU: what each takes must fit the GPU together
         gib = s.node.gpu_gib
@@ -376,8 +382,9 @@ def _check_memory(report: PlanReport, dims: ModelDims, states: list[NodeState], 
             continue
         limit = RAY_MEMORY_USAGE_THRESHOLD * host if host else None
         report.host_lines.append(
-            f"host memory of {cluster.nodes[k].name}: {need / GiB:.1f} GiB for its learner ranks and CPU engines "
-            f"(each engine's processes {CPU_ENGINE_PROCESSES_GIB:g} GiB besides its KV cache and weights), of "
+            f"host memory of {cluster.nodes[k].name}: {need / GiB:.1f} GiB for its learner ranks and CPU engines"
+            + (f" (each engine's processes {CPU_ENGINE_PROCESSES_GIB:g} GiB besides its KV cache and weights)"
+               if k in cpu_engine_nodes else "") + ", of "
             + (f"{limit:.1f} GiB ({RAY_MEMORY_USAGE_THRESHOLD:g} x {host:.1f}: above it Ray's memory monitor kills workers)"
                if limit else "unknown (not checked)"))
         if limit and need > limit * GiB:

@@ -14,9 +14,11 @@ from agentrl.api import POLICY
 
 def weights_to_blob(state_dict: dict[str, Tensor], dtype: str | None = None) -> bytes:
     """Safetensors bytes of ``state_dict``, its floating-point tensors in ``dtype`` (the engines'
-    weight dtype; None: as they are). The engines would cast on load anyway (the same
-    round-to-nearest-even), so casting here changes no weight, and the blob, which every engine
-    process on the way holds a copy of, shrinks: half the bytes for fp32 weights and bf16 engines.
+    weight dtype; None: as they are). vLLM's weight loaders copy each tensor into a parameter of
+    the engine's dtype (the same round-to-nearest-even), so for the decoder models agentrl trains
+    the engine ends with the same weights, and the blob, which every engine process on the way
+    holds a copy of, shrinks: half the bytes for fp32 weights and bf16 engines. (A model whose
+    loader keeps some parameter in fp32 or transforms it on load would get it rounded first.)
     Tensors get independent storage, so shared storage (tied weights, views) cannot trip
     safetensors' aliasing check."""
     import torch
