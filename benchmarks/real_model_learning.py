@@ -56,9 +56,30 @@ def read_run(folder: Path) -> dict:
         "seconds_per_step": {p: statistics.mean(r[p] for r in steps if p in r) for p in PHASES
                              if any(p in r for r in steps)},
         "curve": [{k: r.get(k) for k in ("step", *CURVE)} for r in steps],
-        "rspo": {k: _over_run([r[k] for r in steps if r.get(k) is not None]) for k in RSPO
-                 if any(r.get(k) is not None for r in steps)},
+        "rspo": _rspo_over_run(steps, cfg),
     }
+
+
+def _rspo_over_run(steps: list[dict], cfg_text: str) -> dict:
+    """RSPO's measures over the run, and the explorer's share of all the run's successes (a
+    step without any success logs a share of 0, so the mean of the per-step shares understates
+    it): the steps' success rates weighted by each policy's episodes per step (rollout.group_size
+    split by rspo.explorer_fraction, times rollout.tasks_per_step)."""
+    import yaml
+
+    from agentrl.config.schema import explorer_group_size
+
+    out = {k: _over_run([r[k] for r in steps if r.get(k) is not None]) for k in RSPO if any(r.get(k) is not None for r in steps)}
+    if "rspo/explorer_success" in out and "rspo/policy_success" in out:
+        cfg = yaml.safe_load(cfg_text)
+        g, tasks = cfg["rollout"]["group_size"], cfg["rollout"]["tasks_per_step"]
+        n_b = explorer_group_size(cfg["rspo"]["explorer_fraction"], g) * tasks
+        b = sum(x * n_b for x in out["rspo/explorer_success"]["values"])
+        a = sum(x * (g * tasks - n_b) for x in out["rspo/policy_success"]["values"])
+        out["explorer_share_of_all_successes"] = {"successes": round(a + b), "explorer": round(b),
+                                                  "share": b / (a + b) if a + b else float("nan"),
+                                                  "explorer_episode_share": n_b / (g * tasks)}
+    return out
 
 
 def _over_run(xs: list[float]) -> dict:
@@ -121,6 +142,11 @@ def table(summary: dict, base: str | None) -> str:
             cells = [(f"{m['mean']:.3f} [{m['min']:.3f}, {m['max']:.3f}]" if (m := r["rspo"].get(k)) else "-")
                      for k in RSPO]
             lines.append(f"| {r['run']} | " + " | ".join(cells) + " |")
+        for r in rspo_runs:
+            if (pooled := r["rspo"].get("explorer_share_of_all_successes")) is not None:
+                lines.append(f"\n{r['run']}: the explorer found {pooled['explorer']} of the run's {pooled['successes']} "
+                             f"training successes ({pooled['share']:.2f}), with {pooled['explorer_episode_share']:.2f} "
+                             "of the episodes")
     return "\n".join(lines) + "\n"
 
 

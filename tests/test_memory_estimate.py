@@ -353,7 +353,7 @@ def test_optional_models_and_offload():
     # fp16 compute leaves the copy in fp32 (it has no loss scaler): its pass costs more than the policy's
     fp16_copy, fp16_base = _est(dims, dtype="float16", with_policy_copy=True), _est(dims, dtype="float16")
     assert fp16_copy.device["activations"] > fp16_base.device["activations"]
-    assert fp16_copy.device["logits"] > fp16_base.device["logits"]
+    assert fp16_copy.device["logits"] == fp16_base.device["logits"]  # the head chunk is sized for fp32 logits either way
     lora_copy = _est(dims, lora_rank=16, with_policy_copy=True)  # ... but it is a full model: no LoRA savings
     assert lora_copy.device["activations"] > _est(dims, lora_rank=16).device["activations"]
     off = _est(dims, offload_optimizer=True)
